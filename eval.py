@@ -1,0 +1,82 @@
+"""Evaluate a checkpoint on the test split: `python eval.py ckpt_path=<path to .ckpt>`.
+
+The checkpoint carries the config of the run that wrote it, so the same model and data are
+rebuilt without repeating the training overrides; overrides given here (e.g. a different
+`data.data_dir` or `data.batch_size`) still apply on top.
+"""
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
+
+import hydra  # noqa: E402
+import torch  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from src.utils.config_checks import check_config_types  # noqa: E402
+from src.utils.run import build_trainer, run_overrides  # noqa: E402
+from src.utils.run_files import log_summary, write_metrics  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+# Training overrides that describe how training ran, not what the checkpoint is.
+NOT_REPLAYED = ("ckpt_path", "debug", "train", "test", "hydra", "seed")
+
+
+def config_of_checkpoint(cfg: DictConfig, ckpt_path: Path) -> DictConfig:
+    """Compose the eval config as the checkpoint's run was composed, then apply this run's overrides.
+
+    The model node is taken verbatim from the checkpoint's resolved config, since the weights
+    only fit the architecture that produced them.
+    """
+    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
+    stored = checkpoint.get("run_config")
+    if stored is None:
+        log.warning("%s records no run config: using the model and data given here.", ckpt_path)
+        return cfg
+    replayed = [o for o in stored["overrides"] if o.lstrip("+~").split("=")[0].split(".")[0]
+                not in NOT_REPLAYED]
+    composed = hydra.compose(config_name="eval", overrides=replayed + run_overrides())
+    OmegaConf.update(composed, "model", stored["config"]["model"], merge=False)
+    return composed
+
+
+def evaluate(cfg: DictConfig) -> dict[str, Any]:
+    """Test the checkpoint at `cfg.ckpt_path`; return metrics.json's content."""
+    start = time.perf_counter()
+    ckpt_path = Path(cfg.ckpt_path)
+    if not ckpt_path.is_file():
+        raise FileNotFoundError(
+            f"ckpt_path={str(ckpt_path)!r} is not a file. Pass a checkpoint written by train.py, "
+            f"e.g. ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt"
+        )
+    cfg = config_of_checkpoint(cfg, ckpt_path)
+    check_config_types(cfg)
+    datamodule = hydra.utils.instantiate(cfg.data)
+    model = hydra.utils.instantiate(cfg.model)
+    trainer = build_trainer(cfg)
+    trainer.test(model, datamodule=datamodule, ckpt_path=str(ckpt_path))
+
+    record = {}
+    if trainer.is_global_zero:
+        record = write_metrics(
+            cfg.paths.output_dir,
+            trainer.callback_metrics,
+            ckpt_path=str(ckpt_path.resolve()),
+            wall_time_s=round(time.perf_counter() - start, 3),
+        )
+        log_summary(record, cfg.paths.output_dir)
+    return record
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="eval")
+def main(cfg: DictConfig) -> None:
+    evaluate(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Networks (`simplenet`, `cnn`) and the LightningModules that train them."""

@@ -1,0 +1,1 @@
+"""Glue between Hydra configs and Lightning: instantiation, checks, run files and sweep summaries."""

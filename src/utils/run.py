@@ -1,0 +1,40 @@
+"""What train.py and eval.py share: the resolved config, and the Trainer with its callbacks."""
+
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch import Trainer
+from omegaconf import DictConfig, OmegaConf
+
+from src.callbacks.run_config import RunConfigInCheckpoint
+from src.utils.instantiate import instantiate_group
+
+
+def plain_config(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config as plain Python containers (safe in checkpoints and loggers)."""
+    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+def run_overrides() -> list[str]:
+    """The command-line overrides of this run (empty outside a Hydra app)."""
+    if not HydraConfig.initialized():
+        return []
+    return list(HydraConfig.get().overrides.task)
+
+
+def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = None) -> Trainer:
+    """Build the Trainer with the configured callbacks and loggers.
+
+    With `run_config` (resolved config, overrides) every checkpoint also records how the run
+    was configured, and the loggers receive the config as hyperparameters.
+    """
+    callbacks = instantiate_group(cfg.get("callbacks"))
+    if run_config is not None:
+        callbacks.append(RunConfigInCheckpoint(*run_config))
+    loggers = instantiate_group(cfg.get("logger"))
+    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    if run_config is not None:
+        for logger in trainer.loggers:
+            logger.log_hyperparams(run_config[0])
+    return trainer

@@ -1,0 +1,68 @@
+"""Train a model chosen in config: `python train.py model=cnn data=mnist trainer.max_epochs=5`.
+
+The whole run is described by `conf/train.yaml` and its groups; this file only wires the
+objects Hydra builds: datamodule, model, callbacks, loggers and Trainer; fit, test, report.
+"""
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
+
+import hydra  # noqa: E402
+import lightning as L  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from src.utils.config_checks import check_config_types  # noqa: E402
+from src.utils.run import build_trainer, plain_config, run_overrides  # noqa: E402
+from src.utils.run_files import log_summary, write_metrics  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Fit (unless `train=false`), then test the best checkpoint; return metrics.json's content."""
+    start = time.perf_counter()
+    check_config_types(cfg)
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg.seed, workers=True)
+
+    datamodule = hydra.utils.instantiate(cfg.data)
+    model = hydra.utils.instantiate(cfg.model)
+    trainer = build_trainer(cfg, run_config=(plain_config(cfg), run_overrides()))
+
+    if cfg.get("train"):
+        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    metrics = dict(trainer.callback_metrics)
+
+    best_path = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
+    if cfg.get("test"):
+        if not best_path:
+            log.warning("No best checkpoint was saved: testing the current weights.")
+        trainer.test(model, datamodule=datamodule, ckpt_path=best_path or None)
+        metrics.update(trainer.callback_metrics)
+
+    record = {}
+    if trainer.is_global_zero:
+        record = write_metrics(
+            cfg.paths.output_dir,
+            metrics,
+            best_model_path=best_path or None,
+            wall_time_s=round(time.perf_counter() - start, 3),
+        )
+        log_summary(record, cfg.paths.output_dir)
+    return record
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    record = train(cfg)
+    # The value a sweeper (e.g. Optuna) optimises.
+    return record.get("metrics", {}).get(cfg.get("optimized_metric"))
+
+
+if __name__ == "__main__":
+    main()

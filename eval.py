@@ -8,6 +8,7 @@ rebuilt without repeating the training overrides; overrides given here (e.g. a d
 import logging
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,18 +18,21 @@ import hydra  # noqa: E402
 import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from src.utils.config_checks import check_config_types  # noqa: E402
+from src.utils.config_checks import ConfigError, check_config_types  # noqa: E402
 from src.utils.run import build_trainer, run_overrides  # noqa: E402
 from src.utils.run_files import log_summary, write_metrics  # noqa: E402
 
 log = logging.getLogger(__name__)
+
+# Testing needs none of the training callbacks that Lightning would otherwise ask for.
+warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")
 
 # Training overrides that describe how training ran, not what the checkpoint is.
 NOT_REPLAYED = ("ckpt_path", "debug", "train", "test", "hydra", "seed")
 
 
 def config_of_checkpoint(cfg: DictConfig, ckpt_path: Path) -> DictConfig:
-    """Compose the eval config as the checkpoint's run was composed, then apply this run's overrides.
+    """Compose the eval config as the checkpoint's run was, plus this run's overrides.
 
     The model node is taken verbatim from the checkpoint's resolved config, since the weights
     only fit the architecture that produced them.
@@ -38,8 +42,11 @@ def config_of_checkpoint(cfg: DictConfig, ckpt_path: Path) -> DictConfig:
     if stored is None:
         log.warning("%s records no run config: using the model and data given here.", ckpt_path)
         return cfg
-    replayed = [o for o in stored["overrides"] if o.lstrip("+~").split("=")[0].split(".")[0]
-                not in NOT_REPLAYED]
+    replayed = [
+        o
+        for o in stored["overrides"]
+        if o.lstrip("+~").split("=")[0].split(".")[0] not in NOT_REPLAYED
+    ]
     composed = hydra.compose(config_name="eval", overrides=replayed + run_overrides())
     OmegaConf.update(composed, "model", stored["config"]["model"], merge=False)
     return composed
@@ -75,7 +82,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig) -> None:
-    evaluate(cfg)
+    try:
+        evaluate(cfg)
+    except ConfigError as error:
+        raise SystemExit(f"Config error: {error}") from None
 
 
 if __name__ == "__main__":

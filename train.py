@@ -16,7 +16,7 @@ import hydra  # noqa: E402
 import lightning as L  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from src.utils.config_checks import check_config_types  # noqa: E402
+from src.utils.config_checks import ConfigError, check_config_types  # noqa: E402
 from src.utils.run import build_trainer, plain_config, run_overrides  # noqa: E402
 from src.utils.run_files import log_summary, write_metrics  # noqa: E402
 
@@ -59,7 +59,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    record = train(cfg)
+    try:
+        record = train(cfg)
+    except ConfigError as error:
+        raise SystemExit(f"Config error: {error}") from None
     # The value a sweeper (e.g. Optuna) optimises.
     return record.get("metrics", {}).get(cfg.get("optimized_metric"))
 

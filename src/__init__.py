@@ -1,1 +1,1 @@
-"""PyTorch training template: Lightning modules, datamodules and callbacks built from Hydra configs."""
+"""PyTorch training template: Lightning modules, datamodules and callbacks built from configs."""

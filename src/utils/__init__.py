@@ -1,1 +1,1 @@
-"""Glue between Hydra configs and Lightning: instantiation, checks, run files and sweep summaries."""
+"""Glue between Hydra configs and Lightning: instantiation, checks, run files, sweep summaries."""

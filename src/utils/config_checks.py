@@ -37,8 +37,7 @@ def _items(cfg: DictConfig | ListConfig):
 
 def _check_target_node(node: DictConfig, path: str) -> None:
     try:
-        target = hydra.utils.get_object(node._target_)
-        hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+        hints = _parameter_hints(hydra.utils.get_object(node._target_))
     except Exception:  # noqa: BLE001 - unknown or un-introspectable targets are instantiate's job
         return
     for key, value in _items(node):
@@ -55,16 +54,28 @@ def _check_target_node(node: DictConfig, path: str) -> None:
             )
 
 
+def _parameter_hints(target: Any) -> dict[str, Any]:
+    """Annotations of the target's parameters; for a class, of every `__init__` in its MRO, since
+    subclasses commonly pass `**kwargs` on to their parents."""
+    if not inspect.isclass(target):
+        return typing.get_type_hints(target)
+    hints: dict[str, Any] = {}
+    for klass in reversed(target.__mro__):
+        if klass is not object and "__init__" in vars(klass):
+            hints.update(typing.get_type_hints(klass.__init__))
+    return hints
+
+
 def _is_plain_list(value: Any) -> bool:
-    return isinstance(value, ListConfig) and not any(
-        isinstance(item, DictConfig) for item in value
-    )
+    return isinstance(value, ListConfig) and not any(isinstance(item, DictConfig) for item in value)
 
 
 def _matches(value: Any, annotation: Any) -> bool:
     """True when `value` could be passed for `annotation`; unknown annotations always pass."""
     if value is None or annotation is Any:
         return True
+    if annotation is type(None):
+        return False
     origin = typing.get_origin(annotation)
     if origin in (typing.Union, types.UnionType):
         return any(_matches(value, arg) for arg in typing.get_args(annotation))
@@ -88,4 +99,6 @@ def _matches(value: Any, annotation: Any) -> bool:
 def _describe(annotation: Any) -> str:
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
         return " or ".join(_describe(arg) for arg in typing.get_args(annotation))
+    if annotation is type(None):
+        return "null"
     return getattr(annotation, "__name__", str(annotation))

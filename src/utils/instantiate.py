@@ -12,5 +12,6 @@ def instantiate_group(group: DictConfig | None) -> list:
     """
     if not group:
         return []
-    return [hydra.utils.instantiate(entry) for entry in group.values() if entry and "_target_" in entry]
-
+    return [
+        hydra.utils.instantiate(entry) for entry in group.values() if entry and "_target_" in entry
+    ]

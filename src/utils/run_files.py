@@ -39,8 +39,11 @@ def write_metrics(
 
 def log_summary(record: Mapping[str, Any], output_dir: str | Path) -> None:
     """Print the metrics worth reading at a glance and where everything went."""
-    lines = [f"  {key:<24} {value:.4f}" for key, value in record["metrics"].items()
-             if isinstance(value, float) and key.split("/")[0] in ("val", "test")]
+    lines = [
+        f"  {key:<24} {value:.4f}"
+        for key, value in record["metrics"].items()
+        if isinstance(value, float) and key.split("/")[0] in ("val", "test")
+    ]
     for key in ("best_model_path", "wall_time_s"):
         if record.get(key) not in (None, ""):
             lines.append(f"  {key:<24} {record[key]}")

@@ -80,7 +80,11 @@ def markdown_table(rows: list[dict[str, Any]], metric: str | None, best: str | N
         if row["job"] == best:
             cells[0] += " (best)"
         lines.append("| " + " | ".join(cells) + " |")
-    title = f"# Sweep summary\n\nBest job by `{metric}`: {best}\n\n" if metric else "# Sweep summary\n\n"
+    title = (
+        f"# Sweep summary\n\nBest job by `{metric}`: {best}\n\n"
+        if metric
+        else "# Sweep summary\n\n"
+    )
     return title + "\n".join(lines) + "\n"
 
 

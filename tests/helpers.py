@@ -1,0 +1,105 @@
+"""Small data and config builders shared by the tests; nothing here touches the network."""
+
+import gzip
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, open_dict
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = str(ROOT / "conf")
+os.environ.setdefault("PROJECT_ROOT", str(ROOT))
+
+# Keep in-process runs short and quiet: no progress bar, no model summary table.
+FAST = [
+    "trainer.max_epochs=1",
+    "trainer.enable_progress_bar=false",
+    "callbacks.rich_progress_bar=null",
+    "callbacks.model_summary=null",
+]
+
+
+def compose_config(run_dir: Path, overrides: list[str], config_name: str = "train") -> DictConfig:
+    """Compose a config as `python train.py <overrides>` would, with its run dir at `run_dir`.
+
+    The Hydra runtime (output dir, overrides) is registered too, so `${hydra:...}` resolves and
+    the code under test sees the same HydraConfig as in a real run.
+    """
+    GlobalHydra.instance().clear()
+    # Left initialised (as inside a real app) so code under test can compose too; the autouse
+    # fixture in conftest.py clears it after each test.
+    initialize_config_dir(config_dir=CONF_DIR, version_base="1.3")
+    cfg = compose(
+        config_name=config_name,
+        overrides=[*overrides, f"hydra.run.dir={run_dir}"],
+        return_hydra_config=True,
+    )
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return cfg
+
+
+def write_idx_images(path: Path, images: np.ndarray) -> None:
+    """Write uint8 images [N, H, W] in MNIST's IDX format (gzipped when the name ends in .gz)."""
+    header = struct.pack(">IIII", 2051, *images.shape)
+    _write(path, header + images.astype(np.uint8).tobytes())
+
+
+def write_idx_labels(path: Path, labels: np.ndarray) -> None:
+    _write(path, struct.pack(">II", 2049, len(labels)) + labels.astype(np.uint8).tobytes())
+
+
+def _write(path: Path, payload: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wb") as file:
+            file.write(payload)
+    else:
+        path.write_bytes(payload)
+
+
+def learnable_images(
+    n: int, size: int, num_classes: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Noisy copies of one fixed random template per class: easy to learn, impossible to guess."""
+    templates = np.random.default_rng(1234).random((num_classes, size, size)) > 0.7
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, num_classes, n)
+    noise = rng.integers(0, 90, (n, size, size))
+    images = np.clip(templates[labels] * 165 + noise, 0, 255).astype(np.uint8)
+    return images, labels
+
+
+def write_mnist(root: Path, n_train: int = 600, n_test: int = 200, gz: bool = False) -> Path:
+    """A learnable MNIST-format dataset at `<root>/MNIST/raw`, as torchvision expects it."""
+    raw = root / "MNIST" / "raw"
+    suffix = ".gz" if gz else ""
+    for prefix, n, seed in (("train", n_train, 0), ("t10k", n_test, 1)):
+        images, labels = learnable_images(n, 28, 10, seed)
+        write_idx_images(raw / f"{prefix}-images-idx3-ubyte{suffix}", images)
+        write_idx_labels(raw / f"{prefix}-labels-idx1-ubyte{suffix}", labels)
+    return root
+
+
+def write_image_folder(root: Path, per_class: int = 12, classes=("ant", "bee", "cat")) -> Path:
+    """A folder of class sub-folders holding small RGB PNGs, a learnable colour per class."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for index, name in enumerate(classes):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 60, (20, 24, 3))
+            pixels[..., index % 3] += 180
+            Image.fromarray(pixels.astype(np.uint8)).save(root / name / f"{i}.png")
+    return root

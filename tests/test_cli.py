@@ -1,0 +1,83 @@
+"""The command line as users type it: each test runs train.py / eval.py in a subprocess."""
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+QUICK = [
+    "trainer.max_epochs=1",
+    "trainer.enable_progress_bar=false",
+    "callbacks.model_summary=null",
+    "callbacks.rich_progress_bar=null",
+]
+
+
+def run(script: str, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / script), *overrides],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    if check and result.returncode != 0:
+        pytest.fail(f"{script} {' '.join(overrides)} failed:\n{result.stderr[-3000:]}")
+    return result
+
+
+def test_multirun_runs_each_job_in_its_own_dir_and_summarises_the_sweep(tmp_path):
+    run("train.py", "-m", "model=simplenet,cnn", f"hydra.sweep.dir={tmp_path}", *QUICK)
+    for job in ("0", "1"):
+        record = json.loads((tmp_path / job / "metrics.json").read_text())
+        assert "test/acc" in record["metrics"]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "model=simplenet" in summary and "model=cnn" in summary and "(best)" in summary
+    rows = (tmp_path / "summary.csv").read_text().splitlines()
+    assert len(rows) == 3 and "val/acc_best" in rows[0]
+
+
+def test_train_then_eval_from_the_command_line(tmp_path):
+    run("train.py", "model=cnn", f"hydra.run.dir={tmp_path / 'train'}", *QUICK)
+    trained = json.loads((tmp_path / "train" / "metrics.json").read_text())
+    run("eval.py", f"ckpt_path={trained['best_model_path']}", f"hydra.run.dir={tmp_path / 'eval'}")
+    evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert evaluated["metrics"]["test/acc"] == pytest.approx(trained["metrics"]["test/acc"])
+
+
+def test_unknown_model_lists_the_available_ones():
+    result = run("train.py", "model=resnet9000", check=False)
+    assert result.returncode != 0
+    assert "Could not find 'model/resnet9000'" in result.stderr
+    assert "cnn" in result.stderr and "simplenet" in result.stderr
+
+
+def test_wrongly_typed_value_names_the_key_and_the_expected_type_without_a_traceback():
+    result = run("train.py", "trainer.max_epochs=ten", check=False)
+    assert result.returncode != 0
+    assert "trainer.max_epochs='ten'" in result.stderr and "expects int" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_eval_with_a_missing_checkpoint_says_what_to_pass(tmp_path):
+    result = run(
+        "eval.py",
+        f"ckpt_path={tmp_path / 'missing.ckpt'}",
+        f"hydra.run.dir={tmp_path}",
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "is not a file" in result.stderr and "checkpoints/last.ckpt" in result.stderr
+
+
+def test_runs_default_to_timestamped_dirs_under_logs_train_runs():
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", return_hydra_config=True)
+    pattern = rf"{re.escape(str(ROOT))}/logs/train/runs/\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{{6}}"
+    assert re.fullmatch(pattern, cfg.hydra.run.dir), cfg.hydra.run.dir

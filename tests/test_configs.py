@@ -1,0 +1,80 @@
+"""Every option of every config group composes, type-checks and builds."""
+
+import hydra
+import pytest
+import torch
+
+from src.utils.config_checks import check_config_types
+from src.utils.instantiate import instantiate_group
+from tests.helpers import FAST, ROOT, compose_config
+from train import train
+
+REQUIRED = {  # options whose data has no embedded default
+    "data=imagefolder": ["data.data_dir=/data/images", "data.num_classes=5"],
+    "data=tensors": ["data.path=arrays.npz", "data.num_classes=3", "data.input_shape=[1,8,8]"],
+}
+
+
+def group_options():
+    for group in (
+        "model",
+        "data",
+        "optimizer",
+        "scheduler",
+        "callbacks",
+        "logger",
+        "trainer",
+        "experiment",
+        "debug",
+    ):
+        for path in sorted((ROOT / "conf" / group).glob("*.yaml")):
+            yield f"{group}={path.stem}"
+
+
+@pytest.mark.parametrize("option", list(group_options()))
+def test_every_group_option_composes_and_type_checks(tmp_path, option):
+    cfg = compose_config(tmp_path, [option, *REQUIRED.get(option, [])])
+    check_config_types(cfg)
+    for callback in instantiate_group(cfg.get("callbacks")):
+        assert hasattr(callback, "on_fit_start")
+    for logger in instantiate_group(cfg.get("logger")):
+        assert hasattr(logger, "log_metrics")
+    if option.split("=")[0] in ("model", "optimizer", "scheduler", "experiment"):
+        model = hydra.utils.instantiate(cfg.model)
+        assert model(torch.zeros(2, *cfg.data.input_shape)).shape == (2, cfg.data.num_classes)
+
+
+@pytest.mark.parametrize(
+    ("option", "scheduler_class"),
+    [("cosine", "CosineAnnealingLR"), ("step", "StepLR"), ("plateau", "ReduceLROnPlateau")],
+)
+def test_scheduler_options_reach_lightning_as_an_lr_scheduler_dict(
+    tmp_path, option, scheduler_class
+):
+    cfg = compose_config(tmp_path, [f"scheduler={option}", "optimizer=sgd"])
+    configured = hydra.utils.instantiate(cfg.model).configure_optimizers()
+    assert isinstance(configured["optimizer"], torch.optim.SGD)
+    assert type(configured["lr_scheduler"]["scheduler"]).__name__ == scheduler_class
+    assert configured["lr_scheduler"]["interval"] == "epoch"
+
+
+def test_the_optimizer_config_sets_the_learning_rate(tmp_path):
+    cfg = compose_config(tmp_path, ["optimizer.lr=0.0123"])
+    optimizer = hydra.utils.instantiate(cfg.model).configure_optimizers()
+    assert optimizer.param_groups[0]["lr"] == 0.0123
+
+
+@pytest.mark.parametrize("debug", ["fdr", "limit"])
+def test_debug_configs_run_end_to_end(tmp_path, debug):
+    record = train(compose_config(tmp_path, [f"debug={debug}"]))
+    assert "test/acc" in record["metrics"]
+
+
+def test_debug_overfit_drives_training_accuracy_up_on_a_few_batches(tmp_path):
+    record = train(compose_config(tmp_path, ["debug=overfit", "test=false"]))
+    assert record["metrics"]["train/acc"] > 0.95
+
+
+def test_example_experiment_trains(tmp_path):
+    record = train(compose_config(tmp_path, ["experiment=example", *FAST, "trainer.max_epochs=2"]))
+    assert record["metrics"]["test/acc"] > 0.5

@@ -1,0 +1,137 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from eval import evaluate
+from tests.helpers import FAST, compose_config
+from train import train
+
+LIMITS = [
+    "trainer.limit_train_batches=3",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+]
+
+
+@pytest.fixture(scope="module")
+def tensor_file(tmp_path_factory):
+    rng = np.random.default_rng(0)
+    x = rng.random((120, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 120)
+    path = tmp_path_factory.mktemp("arrays") / "arrays.npz"
+    np.savez(path, x=x, y=y)
+    return path
+
+
+@pytest.fixture
+def data_overrides(mnist_root, image_folder, tensor_file):
+    return {
+        "digits": ["data=digits"],
+        "mnist": ["data=mnist", f"data.data_dir={mnist_root}", "data.download=false"],
+        "imagefolder": [
+            "data=imagefolder",
+            f"data.data_dir={image_folder}",
+            "data.num_classes=3",
+            "data.input_shape=[3,16,16]",
+            "data.transform.transforms.0.size=16",
+            "data.transform.transforms.1.size=16",
+            "data.train_transform=null",
+            "data.num_workers=0",
+            "data.pin_memory=false",
+            "data.batch_size=8",
+        ],
+        "tensors": [
+            "data=tensors",
+            f"data.path={tensor_file}",
+            "data.num_classes=3",
+            "data.input_shape=[1,8,8]",
+        ],
+    }
+
+
+@pytest.mark.parametrize("data", ["digits", "mnist", "imagefolder", "tensors"])
+@pytest.mark.parametrize("model", ["simplenet", "cnn"])
+def test_every_model_trains_and_tests_on_every_datamodule(tmp_path, model, data, data_overrides):
+    cfg = compose_config(tmp_path, [f"model={model}", *data_overrides[data], *FAST, *LIMITS])
+    record = train(cfg)
+    assert 0.0 <= record["metrics"]["test/acc"] <= 1.0
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_a_short_run_learns_the_digits(tmp_path):
+    record = train(compose_config(tmp_path, [*FAST, "trainer.max_epochs=10"]))
+    assert record["metrics"]["test/acc"] > 0.85, "chance is 0.1: the model did not learn"
+    assert record["metrics"]["val/acc_best"] >= record["metrics"]["val/acc"]
+
+
+def test_metrics_json_has_final_metrics_best_checkpoint_and_wall_time(tmp_path):
+    train(compose_config(tmp_path, [*FAST, "trainer.max_epochs=2"]))
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    for key in (
+        "train/loss",
+        "train/acc",
+        "val/loss",
+        "val/acc",
+        "val/acc_best",
+        "test/acc",
+        "test/loss",
+    ):
+        assert isinstance(record["metrics"][key], float), key
+    assert record["best_model_path"].startswith(str(tmp_path / "checkpoints"))
+    assert record["wall_time_s"] > 0
+
+
+def test_checkpoints_load_weights_only_with_plain_hyperparameters(tmp_path):
+    train(compose_config(tmp_path, [*FAST, "model=cnn"]))
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["hyper_parameters"] == {"num_classes": 10}
+    assert checkpoint["run_config"]["config"]["model"]["net"]["_target_"] == "src.models.cnn.CNN"
+    assert "model=cnn" in checkpoint["run_config"]["overrides"]
+
+
+def test_resume_from_last_checkpoint_continues_where_training_stopped(tmp_path):
+    first = tmp_path / "first"
+    train(compose_config(first, [*FAST, "trainer.max_epochs=2"]))
+    last = first / "checkpoints" / "last.ckpt"
+    steps_per_epoch = torch.load(last, weights_only=True)["global_step"] // 2
+
+    resumed = tmp_path / "resumed"
+    train(compose_config(resumed, [*FAST, "trainer.max_epochs=3", f"ckpt_path={last}"]))
+    checkpoint = torch.load(resumed / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["epoch"] == 2
+    assert checkpoint["global_step"] == 3 * steps_per_epoch
+
+
+def test_eval_rebuilds_the_model_from_the_checkpoint_and_matches_the_training_test(tmp_path):
+    record = train(compose_config(tmp_path / "train", [*FAST, "model=cnn", "trainer.max_epochs=2"]))
+    # No model=cnn here: eval.py reads the architecture from the checkpoint.
+    cfg = compose_config(
+        tmp_path / "eval", [f"ckpt_path={record['best_model_path']}"], config_name="eval"
+    )
+    result = evaluate(cfg)
+    assert result["metrics"]["test/acc"] == pytest.approx(record["metrics"]["test/acc"])
+    assert (tmp_path / "eval" / "metrics.json").is_file()
+
+
+def test_same_seed_gives_the_same_run_and_another_seed_does_not(tmp_path):
+    # Random augmentation in two DataLoader workers: worker seeding is part of what is checked.
+    augment = [
+        "data.num_workers=2",
+        "data.train_transform={_target_: torchvision.transforms.v2.RandomAffine, degrees: 15}",
+        "trainer.limit_train_batches=4",
+        "trainer.limit_val_batches=1",
+        "test=false",
+    ]
+
+    def final_weights(name, seed):
+        train(compose_config(tmp_path / name, [*FAST, *augment, f"seed={seed}"]))
+        return torch.load(tmp_path / name / "checkpoints" / "last.ckpt", weights_only=True)[
+            "state_dict"
+        ]["net.fc1.weight"]
+
+    reference = final_weights("a", 7)
+    assert torch.equal(reference, final_weights("b", 7))
+    assert not torch.equal(reference, final_weights("c", 8))

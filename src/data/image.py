@@ -1,0 +1,176 @@
+"""Shared machinery of the image classification datamodules: transforms, splits and loaders."""
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, random_split
+
+Transform = Callable[[Any], torch.Tensor]
+SPLITS = ("train", "val", "test")
+
+
+class TransformedDataset(Dataset):
+    """Applies `transform` to each image when it is read: the per-sample (augmentation) path."""
+
+    def __init__(self, dataset: Dataset, transform: Transform):
+        self.dataset = dataset
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = self.dataset[index]
+        return self.transform(image), label
+
+
+def precompute(dataset: Dataset, transform: Transform | None) -> TensorDataset:
+    """Run a deterministic `transform` once over a whole split and keep the result in memory.
+
+    Tensor-backed splits are transformed as one batch; others (e.g. decoded image files) one
+    image at a time, once, instead of once per image per epoch.
+    """
+    tensors = _backing_tensors(dataset)
+    if tensors is not None:
+        images, labels = tensors
+        return TensorDataset(transform(images) if transform else images, labels)
+    images, labels = [], []
+    for image, label in dataset:
+        images.append(transform(image) if transform else image)
+        labels.append(label)
+    return TensorDataset(torch.stack(images), torch.as_tensor(labels))
+
+
+def _backing_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The (images, labels) tensors behind a TensorDataset or a Subset of one, else None."""
+    if isinstance(dataset, TensorDataset):
+        return dataset.tensors[0], dataset.tensors[1]
+    if isinstance(dataset, Subset):
+        inner = _backing_tensors(dataset.dataset)
+        if inner is not None:
+            index = torch.as_tensor(dataset.indices)
+            return inner[0][index], inner[1][index]
+    return None
+
+
+def split_off_validation(dataset: Dataset, val_fraction: float, seed: int) -> tuple[Subset, Subset]:
+    """Split a training set into (train, val), the same way on every run with the same seed."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    generator = torch.Generator().manual_seed(seed)
+    train, val = random_split(dataset, [1.0 - val_fraction, val_fraction], generator=generator)
+    return train, val
+
+
+class ImageDataModule(LightningDataModule, ABC):
+    """Base class: subclasses say where the raw splits come from, this class does the rest.
+
+    - `transform` is deterministic preprocessing (e.g. scaling and normalisation). When
+      `precompute` is true it runs once per split at set-up, not once per sample per epoch.
+    - `train_transform`, when given, replaces `transform` for the training split and runs per
+      sample every epoch: that is where random augmentation goes.
+    - `input_shape` and `num_classes` are what models read through config interpolation; they
+      are checked against the data at set-up so a wrong value fails with a clear message.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        input_shape: list[int],
+        transform: Transform | None = None,
+        train_transform: Transform | None = None,
+        precompute: bool = True,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        pin_memory: bool = False,
+        persistent_workers: bool = True,
+        val_fraction: float = 0.1,
+        split_seed: int = 0,
+    ):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+        self.num_classes = num_classes
+        self.input_shape = list(input_shape)
+        self.transform = transform
+        self.train_transform = train_transform
+        self.precompute = precompute
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers and num_workers > 0
+        self.val_fraction = val_fraction
+        self.split_seed = split_seed
+        self.datasets: dict[str, Dataset] = {}
+
+    @abstractmethod
+    def load_splits(self) -> dict[str, Dataset]:
+        """Return the raw 'train', 'val' and 'test' datasets of (image, label) pairs."""
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        raw = self.load_splits()
+        for split in SPLITS:
+            per_sample = split == "train" and self.train_transform is not None
+            transform = self.train_transform if per_sample else self.transform
+            if per_sample or not self.precompute:
+                self.datasets[split] = TransformedDataset(raw[split], transform or _identity)
+            else:
+                self.datasets[split] = precompute(raw[split], transform)
+        self._check_matches_config()
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val", self.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test", self.eval_batch_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader("test", self.eval_batch_size)
+
+    def _loader(self, split: str, batch_size: int, shuffle: bool = False) -> DataLoader:
+        return DataLoader(
+            self.datasets[split],
+            batch_size=batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers,
+        )
+
+    def _check_matches_config(self) -> None:
+        for split, dataset in self.datasets.items():
+            if len(dataset) == 0:
+                raise ValueError(f"The {split} split of {type(self).__name__} is empty.")
+        image, _ = self.datasets["train"][0]
+        if list(image.shape) != self.input_shape:
+            raise ValueError(
+                f"data.input_shape is {self.input_shape} but the transformed images have shape "
+                f"{list(image.shape)}: set data.input_shape={list(image.shape)} or change the "
+                f"transforms."
+            )
+        labels = _labels(self.datasets["test"]) + _labels(self.datasets["val"])
+        if labels and (max(labels) >= self.num_classes or min(labels) < 0):
+            raise ValueError(
+                f"data.num_classes is {self.num_classes} but labels range from {min(labels)} to "
+                f"{max(labels)}: set data.num_classes={max(labels) + 1}."
+            )
+
+
+def _identity(image: Any) -> Any:
+    return image
+
+
+def _labels(dataset: Dataset) -> list[int]:
+    if isinstance(dataset, TensorDataset):
+        return dataset.tensors[1].tolist()
+    return []

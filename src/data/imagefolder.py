@@ -1,0 +1,54 @@
+"""Any folder of class sub-folders (torchvision ImageFolder), with ImageNet-style transforms."""
+
+from pathlib import Path
+
+from torch.utils.data import Dataset
+from torchvision.datasets import ImageFolder
+
+from src.data.image import ImageDataModule, split_off_validation
+
+
+class ImageFolderDataModule(ImageDataModule):
+    """Images in `<data_dir>/<class>/*.jpg`, or in `train/`, `val/` and `test/` sub-folders of it.
+
+    With split sub-folders each is used as given (a missing `val/` is split off `train/`, a
+    missing `test/` reuses `val/`); with a flat folder of classes, validation and test are split
+    off by seed. Class indices follow the sorted sub-folder names, as in torchvision.
+    """
+
+    def __init__(self, data_dir: str, test_fraction: float = 0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.data_dir = Path(data_dir)
+        self.test_fraction = test_fraction
+
+    def load_splits(self) -> dict[str, Dataset]:
+        if not self.data_dir.is_dir():
+            raise FileNotFoundError(
+                f"data.data_dir={str(self.data_dir)!r} is not a folder. Point it at a folder of "
+                f"class sub-folders (cat/, dog/, ...) or of train/ and val/ folders holding them."
+            )
+        train_dir = self.data_dir / "train"
+        if not train_dir.is_dir():
+            everything = self._image_folder(self.data_dir)
+            rest, test = split_off_validation(everything, self.test_fraction, self.split_seed)
+            train, val = split_off_validation(rest, self.val_fraction, self.split_seed)
+            return {"train": train, "val": val, "test": test}
+        train = self._image_folder(train_dir)
+        classes = train.classes
+        if (self.data_dir / "val").is_dir():
+            val = self._image_folder(self.data_dir / "val", classes)
+        else:
+            train, val = split_off_validation(train, self.val_fraction, self.split_seed)
+        test_dir = self.data_dir / "test"
+        test = self._image_folder(test_dir, classes) if test_dir.is_dir() else val
+        return {"train": train, "val": val, "test": test}
+
+    def _image_folder(self, root: Path, classes: list[str] | None = None) -> ImageFolder:
+        folder = ImageFolder(str(root))
+        if classes is not None and folder.classes != classes:
+            raise ValueError(
+                f"{root} has classes {folder.classes} but the training folder has {classes}; "
+                f"every split needs the same class sub-folders."
+            )
+        return folder
+

@@ -1,1 +1,1 @@
-"""Datamodules: embedded digits, torchvision MNIST-style sets, image folders and in-memory tensors."""
+"""Datamodules: embedded digits, torchvision MNIST-style sets, image folders, in-memory tensors."""

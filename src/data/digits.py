@@ -22,8 +22,11 @@ class DigitsDataModule(ImageDataModule):
         digits = load_digits()
         images = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
         labels = torch.tensor(digits.target, dtype=torch.long)
-        fractions = [1.0 - self.val_fraction - self.test_fraction, self.val_fraction,
-                     self.test_fraction]
+        fractions = [
+            1.0 - self.val_fraction - self.test_fraction,
+            self.val_fraction,
+            self.test_fraction,
+        ]
         generator = torch.Generator().manual_seed(self.split_seed)
         train, val, test = random_split(TensorDataset(images, labels), fractions, generator)
         return {"train": train, "val": val, "test": test}

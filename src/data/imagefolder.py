@@ -51,4 +51,3 @@ class ImageFolderDataModule(ImageDataModule):
                 f"every split needs the same class sub-folders."
             )
         return folder
-

@@ -1,0 +1,289 @@
+"""Benchmarks against the references, interleaved in one process so machine drift cancels out.
+
+1. trainer: a hand-written PyTorch loop vs this template's Trainer (default callbacks and
+   logger, progress bar off as in a batch job), same network, data, batch size and steps.
+2. data: one epoch of per-sample torchvision transforms vs this template's default image path
+   (deterministic transforms computed once per split).
+3. compile: the hand-written loop on the CNN, eager vs `torch.compile`, compile time apart.
+
+Each case alternates its two arms `--repeats` times and reports medians of steady-state rates
+(warm-up steps excluded); cold start is reported separately. Usage:
+
+    python scripts/bench.py                 # full run, writes logs/bench/bench.json
+    python scripts/bench.py --quick         # seconds; checks the machinery, not the speed
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from itertools import cycle
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("PROJECT_ROOT", str(ROOT))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+from hydra.core.global_hydra import GlobalHydra  # noqa: E402
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from omegaconf import open_dict  # noqa: E402
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+from torchvision.transforms import v2  # noqa: E402
+
+from src.data.image import TransformedDataset, precompute  # noqa: E402
+from src.models.cnn import CNN  # noqa: E402
+from src.models.simplenet import SimpleNet  # noqa: E402
+from src.utils.peak_flops import cpu_name  # noqa: E402
+
+NETWORKS = {"simplenet": SimpleNet, "cnn": CNN}
+MNIST_TRANSFORM = v2.Compose(
+    [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean=[0.1307], std=[0.3081])]
+)
+
+
+def mnist_like(n: int, seed: int = 0) -> TensorDataset:
+    """Random uint8 28x28 images and labels: the shapes and dtypes of raw MNIST."""
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (n, 1, 28, 28), dtype=torch.uint8, generator=generator)
+    return TensorDataset(images, torch.randint(0, 10, (n,), generator=generator))
+
+
+# -- 1. hand-written loop vs the template's Trainer -------------------------------------------
+
+
+def hand_loop(
+    network: str, loader: DataLoader, warmup: int, steps: int, compile_net: bool = False
+) -> dict[str, float]:
+    """The classic loop: forward, loss, zero_grad, backward, step. Returns steady steps/s."""
+    torch.manual_seed(0)
+    net = NETWORKS[network](input_shape=[1, 28, 28], num_classes=10)
+    if compile_net:
+        net.compile()
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
+    batches = cycle(loader)
+    start = time.perf_counter()
+    first_step = None
+    for step in range(warmup + steps):
+        if step == warmup:
+            steady_start = time.perf_counter()
+        inputs, targets = next(batches)
+        loss = F.cross_entropy(net(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if first_step is None:
+            first_step = time.perf_counter() - start
+    return {"steps_per_s": steps / (time.perf_counter() - steady_start), "first_step_s": first_step}
+
+
+def template_trainer(
+    network: str, data_path: Path, run_dir: Path, warmup: int, steps: int
+) -> dict[str, float]:
+    """train.py's own code path on the same data; steady steps/s from the Throughput callback."""
+    from train import train
+
+    GlobalHydra.instance().clear()
+    overrides = [
+        f"model={'simplenet' if network == 'simplenet' else 'cnn'}",
+        "data=tensors",
+        f"data.path={data_path}",
+        "data.num_classes=10",
+        "data.input_shape=[1,28,28]",
+        "data.val_fraction=0.01",
+        "data.test_fraction=0.01",
+        "data.transform=null",
+        f"trainer.max_steps={warmup + steps}",
+        "trainer.max_epochs=null",
+        "trainer.limit_val_batches=0",
+        "trainer.num_sanity_val_steps=0",
+        "trainer.enable_progress_bar=false",
+        "callbacks.rich_progress_bar=null",
+        "callbacks.model_summary=null",
+        f"callbacks.throughput.warmup_steps={warmup}",
+        "test=false",
+        "trainer.accelerator=cpu",
+        f"hydra.run.dir={run_dir}",
+    ]
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    metrics = train(cfg)["metrics"]
+    return {
+        "steps_per_s": metrics["perf/steps_per_s"],
+        "first_step_s": metrics["perf/time_to_first_step_s"],
+    }
+
+
+def bench_trainer(args, work: Path) -> list[dict]:
+    n = args.batch_size * (args.warmup + args.steps) * 2  # never ends an epoch mid-measurement
+    images = precompute(mnist_like(n), MNIST_TRANSFORM)
+    data_path = work / "mnist_like.npz"
+    x, y = images.tensors
+    np.savez(data_path, x=x.numpy(), y=y.numpy())
+    loader = DataLoader(images, batch_size=args.batch_size, shuffle=True)
+    rows = []
+    for network in ("simplenet", "cnn"):
+        arms = {"hand-written loop": [], "template Trainer": []}
+        for repeat in range(args.repeats):
+            arms["hand-written loop"].append(hand_loop(network, loader, args.warmup, args.steps))
+            arms["template Trainer"].append(
+                template_trainer(
+                    network, data_path, work / f"{network}_{repeat}", args.warmup, args.steps
+                )
+            )
+        rows.append(
+            compare(f"trainer/{network}", "steps/s", arms, "hand-written loop", "template Trainer")
+        )
+    return rows
+
+
+# -- 2. data pipeline ----------------------------------------------------------------------
+
+
+def epoch_time(loader: DataLoader) -> float:
+    start = time.perf_counter()
+    for _ in loader:
+        pass
+    return time.perf_counter() - start
+
+
+def bench_data(args) -> list[dict]:
+    raw = mnist_like(args.data_samples)
+    per_sample = DataLoader(
+        TransformedDataset(raw, MNIST_TRANSFORM), batch_size=args.batch_size, shuffle=True
+    )
+    arms = {"per-sample transforms": [], "template default": []}
+    cold = []
+    for _ in range(args.repeats):
+        arms["per-sample transforms"].append({"epochs_per_s": 1 / epoch_time(per_sample)})
+        start = time.perf_counter()
+        precomputed = precompute(raw, MNIST_TRANSFORM)  # once per split, at set-up
+        cold.append(time.perf_counter() - start)
+        loader = DataLoader(precomputed, batch_size=args.batch_size, shuffle=True)
+        arms["template default"].append({"epochs_per_s": 1 / epoch_time(loader)})
+    row = compare("data/mnist-like", "epochs/s", arms, "per-sample transforms", "template default")
+    row["cold_start_s"] = {"template default": statistics.median(cold)}  # the precompute
+    return [row]
+
+
+# -- 3. eager vs compiled --------------------------------------------------------------------
+
+
+def bench_compile(args) -> list[dict]:
+    images = precompute(mnist_like(args.batch_size * 8), MNIST_TRANSFORM)
+    loader = DataLoader(images, batch_size=args.batch_size, shuffle=True, drop_last=True)
+    arms = {"eager": [], "compiled": []}
+    for _ in range(args.repeats):
+        arms["eager"].append(hand_loop("cnn", loader, args.warmup, args.steps))
+        torch._dynamo.reset()  # every repeat pays its own compilation
+        arms["compiled"].append(hand_loop("cnn", loader, args.warmup, args.steps, True))
+    return [compare("compile/cnn", "steps/s", arms, "eager", "compiled")]
+
+
+# -- reporting -------------------------------------------------------------------------------
+
+
+def compare(
+    case: str, unit: str, arms: dict[str, list[dict]], reference: str, candidate: str
+) -> dict:
+    """Medians of each arm's steady rate, the ratio candidate/reference, and cold starts."""
+    rate_key = next(iter(arms[reference][0]))
+    medians = {arm: statistics.median(run[rate_key] for run in runs) for arm, runs in arms.items()}
+    row = {
+        "case": case,
+        "unit": unit,
+        "medians": medians,
+        "ratio": medians[candidate] / medians[reference],
+        "reference": reference,
+        "candidate": candidate,
+        "runs": {arm: [run[rate_key] for run in runs] for arm, runs in arms.items()},
+    }
+    first_steps = {
+        arm: statistics.median(r["first_step_s"] for r in runs)
+        for arm, runs in arms.items()
+        if "first_step_s" in runs[0]
+    }
+    if first_steps:
+        row["cold_start_s"] = first_steps
+    return row
+
+
+def machine() -> dict:
+    return {
+        "cpu": cpu_name(),
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+
+
+def print_table(rows: list[dict]) -> None:
+    print(f"\n{'case':<18} {'arm':<24} {'median':>16} {'cold start':>11} {'ratio':>7}")
+    for row in rows:
+        for arm in (row["reference"], row["candidate"]):
+            cold = row.get("cold_start_s", {}).get(arm)
+            ratio = f"{row['ratio']:.2f}x" if arm == row["candidate"] else ""
+            print(
+                f"{row['case'] if arm == row['reference'] else '':<18} {arm:<24} "
+                f"{row['medians'][arm]:>9.1f} {row['unit']:<6} "
+                f"{'' if cold is None else f'{cold:.3f} s':>11} {ratio:>7}"
+            )
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: checks, not timings")
+    parser.add_argument("--cases", default="trainer,data,compile")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--data-samples", type=int, default=10_000)
+    parser.add_argument("--out", type=Path, default=ROOT / "logs" / "bench" / "bench.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.warmup, args.steps, args.repeats, args.data_samples = 2, 4, 1, 256
+    return args
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    cases = {
+        "trainer": bench_trainer,
+        "data": lambda a, _: bench_data(a),
+        "compile": lambda a, _: bench_compile(a),
+    }
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for case in args.cases.split(","):
+            rows += cases[case](args, Path(work))
+    print_table(rows)
+    result = {
+        "command": " ".join(["python", "scripts/bench.py", *(argv or sys.argv[1:])]),
+        "machine": machine(),
+        "settings": vars(args) | {"out": str(args.out)},
+        "results": rows,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nWrote {args.out}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

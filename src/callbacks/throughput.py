@@ -1,0 +1,234 @@
+"""Always-on, cheap training throughput: rates, step-time percentiles, data wait, MFU, cold start.
+
+Lightning's `ThroughputMonitor` synchronises the device after every batch and reports nothing
+about data wait, step-time spread or cold start, so this callback keeps its own host-side
+clock. It still uses Lightning's FLOP counting and peak tables (through `src.utils.peak_flops`).
+
+What it costs per step: two `perf_counter` calls and, for text batches, a few tensor sums kept
+on the device. The device is synchronised only on logging steps, so windowed rates are exact
+while single step times on a GPU are host-side (launch) times.
+"""
+
+import logging
+import statistics
+import time
+from collections import deque
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torch.utils.flop_counter import FlopCounterMode
+
+from src.utils.peak_flops import dtype_of_precision, peak_flops
+
+log = logging.getLogger(__name__)
+
+
+def batch_counts(batch: Any) -> dict[str, Any]:
+    """Samples, and for text batches token slots, real (non-padding) and supervised tokens.
+
+    Image batches are `(inputs, targets)`; text batches are dicts with `input_ids`, optionally
+    `attention_mask` (1 = real token) and `labels` (-100 = not supervised). Token counts stay
+    tensors so that counting never waits for the device.
+    """
+    if isinstance(batch, dict) and "input_ids" in batch:
+        input_ids = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        labels = batch.get("labels")
+        return {
+            "samples": int(input_ids.shape[0]),
+            "tokens": int(input_ids.numel()),
+            "real_tokens": mask.sum() if mask is not None else int(input_ids.numel()),
+            "supervised_tokens": (labels != -100).sum() if labels is not None else None,
+        }
+    first = batch[0] if isinstance(batch, list | tuple) else batch
+    return {"samples": int(first.shape[0])}
+
+
+class Throughput(Callback):
+    """Logs `perf/*` rates on logging steps and a steady-state summary at every epoch end.
+
+    Steady state starts after `warmup_steps` training batches, so compilation, allocator
+    warm-up and first-iterator costs are reported separately as cold start
+    (`perf/time_to_first_step_s`). Validation and checkpointing are excluded from the rates.
+    `peak_flops` overrides the device peak used for `perf/mfu` (FLOP/s).
+    """
+
+    def __init__(
+        self, warmup_steps: int = 10, window: int = 10_000, peak_flops: float | None = None
+    ):
+        self.warmup_steps = warmup_steps
+        self.step_times: deque[float] = deque(maxlen=window)
+        self.peak_flops = peak_flops
+        self.flops_per_batch: float | None = None
+        self.steady = _Totals()
+        self.window = _Totals()
+        self.batches = 0
+        self._fit_start = self._batch_start = self._last_end = None
+        self._data_wait = 0.0
+        self.time_to_first_step: float | None = None
+        self.effective_batch: dict[str, int] = {}
+
+    # -- hooks -------------------------------------------------------------------------------
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._fit_start = time.perf_counter()
+        if self.peak_flops is None:
+            dtype = dtype_of_precision(trainer.precision)
+            self.peak_flops = peak_flops(pl_module.device, dtype)
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        now = time.perf_counter()
+        self._data_wait = now - self._last_end if self._last_end is not None else 0.0
+        if self.flops_per_batch is None:
+            self.flops_per_batch = measure_flops_per_batch(pl_module, batch)
+            self._log_effective_batch(trainer, pl_module, batch)
+        self._batch_start = time.perf_counter()
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        should_log = trainer._logger_connector.should_update_logs
+        if should_log and pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)  # only here, so the window's clock is exact
+        self._last_end = time.perf_counter()
+        step_time = self._last_end - self._batch_start
+        self.batches += 1
+        if self.time_to_first_step is None:
+            self.time_to_first_step = self._last_end - self._fit_start
+        counts = batch_counts(batch)
+        self.window.add(counts, step_time, self._data_wait)
+        if self.batches > self.warmup_steps:
+            self.steady.add(counts, step_time, self._data_wait)
+            self.step_times.append(step_time)
+        if should_log and trainer.loggers:
+            metrics = self.window.rates(self.flops_per_batch, self.peak_flops, trainer.world_size)
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+            self.window = _Totals()
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._last_end = None  # the wait for the next training batch is not a data wait
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        for key, value in self.summary(trainer.world_size).items():
+            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False)
+
+    # -- results -----------------------------------------------------------------------------
+
+    def summary(self, world_size: int = 1) -> dict[str, float]:
+        """Steady-state figures so far (cumulative rates; step-time percentiles in ms)."""
+        totals = self.steady if self.steady.batches else self.window
+        metrics = totals.rates(self.flops_per_batch, self.peak_flops, world_size)
+        if self.step_times:
+            ordered = sorted(self.step_times)
+            metrics["perf/step_time_p50_ms"] = 1e3 * statistics.median(ordered)
+            metrics["perf/step_time_p90_ms"] = 1e3 * ordered[int(0.9 * (len(ordered) - 1))]
+        if self.time_to_first_step is not None:
+            metrics["perf/time_to_first_step_s"] = self.time_to_first_step
+        return {**metrics, **self.effective_batch}
+
+    def _log_effective_batch(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any
+    ) -> None:
+        counts = batch_counts(batch)
+        per_step = trainer.accumulate_grad_batches * trainer.world_size
+        message = (
+            f"Effective batch: {counts['samples'] * per_step} samples per optimizer step "
+            f"({counts['samples']} per device x {trainer.world_size} devices x "
+            f"{trainer.accumulate_grad_batches} accumulation)"
+        )
+        if "tokens" in counts:
+            message += f", {counts['tokens'] * per_step} token slots"
+        log.info(message)
+        self.effective_batch["perf/effective_batch_samples"] = counts["samples"] * per_step
+        if "tokens" in counts:
+            self.effective_batch["perf/effective_batch_tokens"] = counts["tokens"] * per_step
+
+
+class _Totals:
+    """Running sums over a span of training batches."""
+
+    def __init__(self):
+        self.batches = 0
+        self.samples = 0
+        self.tokens = 0
+        self.real_tokens: Any = 0
+        self.supervised_tokens: Any = 0
+        self.has_tokens = self.has_supervised = False
+        self.step_time = 0.0
+        self.data_wait = 0.0
+
+    def add(self, counts: dict[str, Any], step_time: float, data_wait: float) -> None:
+        self.batches += 1
+        self.samples += counts["samples"]
+        self.step_time += step_time
+        self.data_wait += data_wait
+        if "tokens" in counts:
+            self.has_tokens = True
+            self.tokens += counts["tokens"]
+            self.real_tokens = self.real_tokens + counts["real_tokens"]
+            if counts["supervised_tokens"] is not None:
+                self.has_supervised = True
+                self.supervised_tokens = self.supervised_tokens + counts["supervised_tokens"]
+
+    def rates(
+        self, flops_per_batch: float | None, peak: float | None, world_size: int
+    ) -> dict[str, float]:
+        """Per-device rates over the span (host time of steps plus the waits between them)."""
+        elapsed = self.step_time + self.data_wait
+        if not self.batches or elapsed <= 0:
+            return {}
+        metrics = {
+            "perf/samples_per_s": self.samples / elapsed,
+            "perf/steps_per_s": self.batches / elapsed,
+            "perf/data_wait_fraction": self.data_wait / elapsed,
+        }
+        if world_size > 1:
+            metrics["perf/global_samples_per_s"] = world_size * self.samples / elapsed
+        if self.has_tokens:
+            real = float(self.real_tokens)
+            metrics["perf/tokens_per_s"] = self.tokens / elapsed
+            metrics["perf/real_tokens_per_s"] = real / elapsed
+            metrics["perf/padding_fraction"] = 1.0 - real / self.tokens
+            if self.has_supervised:
+                metrics["perf/supervised_tokens_per_s"] = float(self.supervised_tokens) / elapsed
+        if flops_per_batch:
+            flops_per_s = flops_per_batch * self.batches / elapsed
+            metrics["perf/flops_per_s"] = flops_per_s
+            if peak:
+                metrics["perf/mfu"] = flops_per_s / peak
+        return metrics
+
+
+def measure_flops_per_batch(pl_module: LightningModule, batch: Any) -> float | None:
+    """Training FLOPs of one batch: the module's own estimate, else 3x a counted forward pass.
+
+    The forward pass runs on the meta device (no compute, no memory, no random numbers drawn)
+    and eagerly even when the network is compiled, so measuring changes nothing else.
+    Backward costs about twice the forward, hence the factor 3.
+    """
+    if hasattr(pl_module, "flops_per_batch"):
+        return pl_module.flops_per_batch(batch)
+    if not isinstance(batch, list | tuple):
+        return None
+    tensors = {**dict(pl_module.named_parameters()), **dict(pl_module.named_buffers())}
+    meta = {name: tensor.to("meta") for name, tensor in tensors.items()}
+    inputs = batch[0].to("meta")
+    was_training = pl_module.training
+    pl_module.eval()
+    try:
+        with (
+            torch.compiler.set_stance("force_eager"),
+            FlopCounterMode(display=False) as counter,
+            torch.no_grad(),
+        ):
+            torch.func.functional_call(pl_module, meta, (inputs,), strict=False)
+    except Exception as error:  # noqa: BLE001 - MFU is optional; never fail a run over it
+        log.warning("Could not count FLOPs of %s: %s", type(pl_module).__name__, error)
+        return None
+    finally:
+        pl_module.train(was_training)
+    return 3.0 * counter.get_total_flops()

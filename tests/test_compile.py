@@ -1,0 +1,65 @@
+"""torch.compile through a callback: clean checkpoint keys, compile time, recompile warnings."""
+
+import json
+import logging
+
+import torch
+from lightning.pytorch import LightningModule, Trainer
+from torch.utils.data import DataLoader, TensorDataset
+
+from src.callbacks.compile import Compile
+from tests.helpers import FAST, compose_config
+from train import train
+
+
+def test_compiled_run_keeps_plain_checkpoint_keys_and_reports_compile_figures(tmp_path):
+    # The eager backend runs the compile machinery (tracing, guards) without code generation.
+    train(
+        compose_config(
+            tmp_path,
+            ["+compile=default", "callbacks.compile.backend=eager", *FAST, "trainer.max_epochs=2"],
+        )
+    )
+    state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert "net.fc1.weight" in state and not any("_orig_mod" in key for key in state)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())["metrics"]
+    assert metrics["perf/compile_time_s"] >= 0
+    assert metrics["perf/recompiles"] >= 0
+
+
+def test_callbacks_compile_keeps_the_default_callbacks(tmp_path):
+    cfg = compose_config(tmp_path, ["callbacks=compile"])
+    assert {"model_checkpoint", "throughput", "compile"} <= set(cfg.callbacks)
+
+
+class ShapeShifter(LightningModule):
+    """Feeds the network a different batch size every step: a recompilation each time."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch[0][: batch_idx + 1]).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_a_recompilation_storm_is_reported_with_its_reason(caplog):
+    callback = Compile(backend="eager", dynamic=False, max_recompiles=2)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=5,
+        callbacks=[callback],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    loader = DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=8)
+    with caplog.at_level(logging.WARNING, logger="src.callbacks.compile"):
+        trainer.fit(ShapeShifter(), loader)
+    assert len(callback.recorder.reasons) >= 3
+    storm = [r.getMessage() for r in caplog.records if "Recompilation storm" in r.getMessage()]
+    assert storm and "size mismatch" in storm[0]

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-all lint format clean clean-logs
+.PHONY: help install train test test-slow test-all bench lint format clean clean-logs
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -29,6 +29,9 @@ test-slow: $(STAMP) ## Run only the slow tests (real data, longer training)
 
 test-all: $(STAMP) ## Run every test
 	$(PY) -m pytest $(ARGS)
+
+bench: $(STAMP) ## Benchmark the template against a hand-written loop (ARGS="--quick ...")
+	$(PY) scripts/bench.py $(ARGS)
 
 lint: $(STAMP) ## Check style with ruff
 	$(PY) -m ruff check .

@@ -15,9 +15,9 @@ from typing import Any
 os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
 
 import hydra  # noqa: E402
-import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
+from src.utils.checkpoint_io import load_checkpoint  # noqa: E402
 from src.utils.config_checks import ConfigError, check_config_types  # noqa: E402
 from src.utils.run import build_trainer, run_overrides  # noqa: E402
 from src.utils.run_files import log_summary, write_metrics  # noqa: E402
@@ -37,8 +37,7 @@ def config_of_checkpoint(cfg: DictConfig, ckpt_path: Path) -> DictConfig:
     The model node is taken verbatim from the checkpoint's resolved config, since the weights
     only fit the architecture that produced them.
     """
-    checkpoint = torch.load(ckpt_path, map_location="cpu", weights_only=True, mmap=True)
-    stored = checkpoint.get("run_config")
+    stored = load_checkpoint(ckpt_path).get("run_config")
     if stored is None:
         log.warning("%s records no run config: using the model and data given here.", ckpt_path)
         return cfg

@@ -23,6 +23,17 @@ from src.utils.run_files import log_summary, write_metrics  # noqa: E402
 log = logging.getLogger(__name__)
 
 
+def checked_ckpt_path(ckpt_path: str | None) -> str | None:
+    """`ckpt_path` as given, after checking that a path (not Lightning's "last") exists."""
+    if ckpt_path is None or ckpt_path == "last" or Path(ckpt_path).is_file():
+        return ckpt_path
+    raise FileNotFoundError(
+        f"ckpt_path={ckpt_path!r} does not exist. Pass a checkpoint file (e.g. "
+        f"logs/train/runs/<run>/checkpoints/last.ckpt) or ckpt_path=last to resume from the "
+        f"newest checkpoint of this run directory (set hydra.run.dir to reuse one)."
+    )
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Fit (unless `train=false`), then test the best checkpoint; return metrics.json's content."""
     start = time.perf_counter()
@@ -35,11 +46,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer = build_trainer(cfg, run_config=(plain_config(cfg), run_overrides()))
 
     if cfg.get("train"):
-        trainer.fit(model, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        trainer.fit(model, datamodule=datamodule, ckpt_path=checked_ckpt_path(cfg.get("ckpt_path")))
     metrics = dict(trainer.callback_metrics)
+    preempted = any(getattr(callback, "received", None) for callback in trainer.callbacks)
 
     best_path = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
-    if cfg.get("test"):
+    if cfg.get("test") and not preempted:
         if not best_path:
             log.warning("No best checkpoint was saved: testing the current weights.")
         trainer.test(model, datamodule=datamodule, ckpt_path=best_path or None)
@@ -52,6 +64,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             metrics,
             best_model_path=best_path or None,
             wall_time_s=round(time.perf_counter() - start, 3),
+            preempted=preempted,
         )
         log_summary(record, cfg.paths.output_dir)
     return record

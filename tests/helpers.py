@@ -2,6 +2,7 @@
 
 import gzip
 import os
+import signal
 import struct
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch import Callback
 from omegaconf import DictConfig, open_dict
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,3 +105,18 @@ def write_image_folder(root: Path, per_class: int = 12, classes=("ant", "bee", "
             pixels[..., index % 3] += 180
             Image.fromarray(pixels.astype(np.uint8)).save(root / name / f"{i}.png")
     return root
+
+
+class KillAtStep(Callback):
+    """A callback (add it with `+callbacks.killer=...`) that SIGKILLs its own process.
+
+    It fires at the end of optimizer step `step`, before that step's checkpoint is written:
+    the crash loses the step in progress, as a real one would.
+    """
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args, **kwargs):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)

@@ -6,7 +6,8 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, random_split
+from torch.utils.data import Dataset, Subset, TensorDataset, random_split
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 Transform = Callable[[Any], torch.Tensor]
 SPLITS = ("train", "val", "test")
@@ -125,20 +126,21 @@ class ImageDataModule(LightningDataModule, ABC):
                 self.datasets[split] = precompute(raw[split], transform)
         self._check_matches_config()
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> StatefulDataLoader:
         return self._loader("train", self.batch_size, shuffle=True)
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> StatefulDataLoader:
         return self._loader("val", self.eval_batch_size)
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> StatefulDataLoader:
         return self._loader("test", self.eval_batch_size)
 
-    def predict_dataloader(self) -> DataLoader:
+    def predict_dataloader(self) -> StatefulDataLoader:
         return self._loader("test", self.eval_batch_size)
 
-    def _loader(self, split: str, batch_size: int, shuffle: bool = False) -> DataLoader:
-        return DataLoader(
+    def _loader(self, split: str, batch_size: int, shuffle: bool = False) -> StatefulDataLoader:
+        # A DataLoader whose position and shuffle order go into checkpoints (exact resume).
+        return StatefulDataLoader(
             self.datasets[split],
             batch_size=batch_size,
             shuffle=shuffle,

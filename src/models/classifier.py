@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from torch import nn
-from torchmetrics import MaxMetric, MeanMetric
+from torchmetrics import MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
@@ -38,19 +38,19 @@ class ImageClassifier(LightningModule):
         self.criterion = nn.CrossEntropyLoss()
         # One accuracy and one mean loss per stage, updated every step and logged once per epoch:
         # one `self.log` call per step costs more than a small model's whole step (BENCHMARKS.md).
+        # Persistent metric states go into checkpoints, so an epoch interrupted by a crash
+        # resumes with its running sums and logs exactly what the uninterrupted run would.
         for stage in STAGES:
             accuracy = MulticlassAccuracy(num_classes, average="micro", validate_args=False)
             setattr(self, f"{stage}_acc", accuracy)
             setattr(self, f"{stage}_loss", MeanMetric())
         self.val_acc_best = MaxMetric()
+        for metric in self.modules():
+            if isinstance(metric, Metric):
+                metric.persistent(True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
-
-    def on_train_start(self) -> None:
-        # The sanity check's few batches must not count towards the best validation accuracy.
-        self._reset("val")
-        self.val_acc_best.reset()
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         loss = self._shared_step("train", batch)
@@ -70,7 +70,8 @@ class ImageClassifier(LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         acc = self._log_epoch("val")
-        self.val_acc_best(acc)
+        if not self.trainer.sanity_checking:  # a few sanity batches are not a validation
+            self.val_acc_best(acc)
         self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
 
     def on_test_epoch_end(self) -> None:

@@ -1,0 +1,57 @@
+"""Save every random number generator's state in checkpoints and restore it on resume.
+
+Lightning checkpoints hold no RNG state, so a resumed run draws different dropout masks,
+augmentations and shuffles than the uninterrupted run would have. The states are stored as
+tensors and plain values (safe under `weights_only=True`) and restored in `on_train_start`,
+after Lightning has rebuilt the loops but before the training loader is iterated: restoring
+any earlier is undone by the work that comes between.
+"""
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+
+def capture_rng_states() -> dict[str, Any]:
+    """Python, NumPy, torch CPU and (when present) CUDA generator states as plain data."""
+    version, python_state, gauss = random.getstate()
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    states = {
+        "python": [version, list(python_state), gauss],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    version, python_state, gauss = states["python"]
+    random.setstate((version, tuple(python_state), gauss))
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class RNGState(Callback):
+    """Checkpoints the RNG states and puts them back when training resumes."""
+
+    def __init__(self):
+        self._pending: dict[str, Any] | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return capture_rng_states()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._pending = state_dict
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._pending is not None:
+            restore_rng_states(self._pending)
+            self._pending = None

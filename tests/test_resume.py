@@ -1,0 +1,89 @@
+"""A run killed at any step and resumed ends exactly where the uninterrupted run ends."""
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import FAST, ROOT, compose_config
+from train import train
+
+# Two epochs of 20 steps, a checkpoint after every step, bitwise-deterministic kernels, and
+# randomness everywhere it can hide: shuffling, dropout (CNN) and per-sample augmentation.
+RUN = [
+    *FAST,
+    "model=cnn",
+    "trainer.max_epochs=2",
+    "trainer.deterministic=true",
+    "callbacks.last_checkpoint.every_n_train_steps=1",
+    "callbacks.last_checkpoint.every_n_epochs=null",
+    "data.train_transform={_target_: torchvision.transforms.v2.RandomAffine, degrees: 10}",
+]
+STEPS = 2 * 20
+
+
+def final_state(run_dir):
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    metrics = json.loads((run_dir / "metrics.json").read_text())["metrics"]
+    logged = {k: v for k, v in metrics.items() if not k.startswith("perf/")}
+    return checkpoint, logged
+
+
+def assert_same_tensors(expected, actual, where=""):
+    if isinstance(expected, torch.Tensor):
+        assert torch.equal(expected, actual), f"{where} differs"
+    elif isinstance(expected, dict):
+        assert expected.keys() == actual.keys(), where
+        for key in expected:
+            assert_same_tensors(expected[key], actual[key], f"{where}.{key}")
+    elif isinstance(expected, list | tuple):
+        for index, (e, a) in enumerate(zip(expected, actual, strict=True)):
+            assert_same_tensors(e, a, f"{where}[{index}]")
+    else:
+        assert expected == actual, f"{where}: {expected} != {actual}"
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("uninterrupted")
+    train(compose_config(run_dir, RUN))
+    return final_state(run_dir)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_sigkill_at_a_random_step_then_resume_matches_the_uninterrupted_run(
+    tmp_path, uninterrupted, seed
+):
+    kill_step = random.Random(seed).randrange(3, STEPS - 2)  # mid-epoch for most seeds
+    killed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            *RUN,
+            f"hydra.run.dir={tmp_path}",
+            "+callbacks.killer._target_=tests.helpers.KillAtStep",
+            f"+callbacks.killer.step={kill_step}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    saved_step = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)[
+        "global_step"
+    ]
+    assert saved_step == kill_step - 1
+
+    train(compose_config(tmp_path, [*RUN, f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}"]))
+    expected_checkpoint, expected_metrics = uninterrupted
+    checkpoint, metrics = final_state(tmp_path)
+    assert checkpoint["global_step"] == expected_checkpoint["global_step"] == STEPS
+    assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
+    assert_same_tensors(
+        expected_checkpoint["optimizer_states"], checkpoint["optimizer_states"], "optimizer"
+    )
+    assert metrics == expected_metrics

@@ -18,7 +18,8 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from src.utils.checkpoint_io import load_checkpoint  # noqa: E402
-from src.utils.config_checks import ConfigError, check_config_types  # noqa: E402
+from src.utils.config_checks import check_config_types  # noqa: E402
+from src.utils.errors import MissingFileError, UserFacingError  # noqa: E402
 from src.utils.run import build_trainer, run_overrides  # noqa: E402
 from src.utils.run_files import log_summary, write_metrics  # noqa: E402
 
@@ -56,7 +57,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     start = time.perf_counter()
     ckpt_path = Path(cfg.ckpt_path)
     if not ckpt_path.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"ckpt_path={str(ckpt_path)!r} is not a file. Pass a checkpoint written by train.py, "
             f"e.g. ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt"
         )
@@ -83,8 +84,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 def main(cfg: DictConfig) -> None:
     try:
         evaluate(cfg)
-    except ConfigError as error:
-        raise SystemExit(f"Config error: {error}") from None
+    except UserFacingError as error:
+        raise SystemExit(f"Error: {error}") from None
 
 
 if __name__ == "__main__":

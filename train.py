@@ -16,7 +16,8 @@ import hydra  # noqa: E402
 import lightning as L  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from src.utils.config_checks import ConfigError, check_config_types  # noqa: E402
+from src.utils.config_checks import check_config_types  # noqa: E402
+from src.utils.errors import MissingFileError, UserFacingError  # noqa: E402
 from src.utils.run import build_trainer, plain_config, run_overrides  # noqa: E402
 from src.utils.run_files import log_summary, write_metrics  # noqa: E402
 
@@ -27,7 +28,7 @@ def checked_ckpt_path(ckpt_path: str | None) -> str | None:
     """`ckpt_path` as given, after checking that a path (not Lightning's "last") exists."""
     if ckpt_path is None or ckpt_path == "last" or Path(ckpt_path).is_file():
         return ckpt_path
-    raise FileNotFoundError(
+    raise MissingFileError(
         f"ckpt_path={ckpt_path!r} does not exist. Pass a checkpoint file (e.g. "
         f"logs/train/runs/<run>/checkpoints/last.ckpt) or ckpt_path=last to resume from the "
         f"newest checkpoint of this run directory (set hydra.run.dir to reuse one)."
@@ -74,8 +75,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 def main(cfg: DictConfig) -> float | None:
     try:
         record = train(cfg)
-    except ConfigError as error:
-        raise SystemExit(f"Config error: {error}") from None
+    except UserFacingError as error:
+        raise SystemExit(f"Error: {error}") from None
     # The value a sweeper (e.g. Optuna) optimises.
     return record.get("metrics", {}).get(cfg.get("optimized_metric"))
 

@@ -6,6 +6,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
 from src.data.image import ImageDataModule, split_off_validation
+from src.utils.errors import MissingFileError
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -23,7 +24,7 @@ class ImageFolderDataModule(ImageDataModule):
 
     def load_splits(self) -> dict[str, Dataset]:
         if not self.data_dir.is_dir():
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"data.data_dir={str(self.data_dir)!r} is not a folder. Point it at a folder of "
                 f"class sub-folders (cat/, dog/, ...) or of train/ and val/ folders holding them."
             )

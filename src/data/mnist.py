@@ -10,6 +10,7 @@ from torch.utils.data import Dataset, TensorDataset
 from torchvision.datasets.utils import extract_archive
 
 from src.data.image import ImageDataModule, split_off_validation
+from src.utils.errors import MissingFileError
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ class MNISTDataModule(ImageDataModule):
         if self._missing_files() and self.download:
             self._try_download()
         if missing := self._missing_files():
-            raise FileNotFoundError(
+            raise MissingFileError(
                 f"{self.dataset_class.__name__} files not found: {', '.join(missing)} "
                 f"(plain or .gz) are expected in {self.raw_folder.resolve()}. Copy them there, "
                 f"point data.data_dir at the folder that holds "

@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from src.data.image import ImageDataModule, split_off_validation
+from src.utils.errors import MissingFileError
 
 ARRAY_KEYS = "x and y (optionally x_val, y_val, x_test, y_test)"
 
@@ -49,7 +50,7 @@ class TensorDataModule(ImageDataModule):
 def load_arrays(path: Path) -> dict[str, torch.Tensor]:
     """Read named arrays from a .npz or .pt file without ever unpickling objects."""
     if not path.is_file():
-        raise FileNotFoundError(f"data.path={str(path)!r} does not exist.")
+        raise MissingFileError(f"data.path={str(path)!r} does not exist.")
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as archive:
             arrays = {key: torch.from_numpy(archive[key]) for key in archive.files}

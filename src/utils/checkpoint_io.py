@@ -17,15 +17,15 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be written or read, with what to do about it."""
+from src.utils.errors import CheckpointError, MissingFileError
 
 
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
     """torch.save to a temporary file in the same folder, fsync, rename over `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed mid-save
+        stale.unlink(missing_ok=True)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with temporary.open("wb") as file:
@@ -49,7 +49,7 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
     """torch.load with `weights_only=True`: tensors and plain Python values, never code."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"Checkpoint {str(path)!r} does not exist.")
+        raise MissingFileError(f"Checkpoint {str(path)!r} does not exist.")
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:

@@ -14,9 +14,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-
-class ConfigError(ValueError):
-    """A config value that cannot work, with the key, the value and what was expected."""
+from src.utils.errors import ConfigError
 
 
 def check_config_types(cfg: DictConfig, path: str = "") -> None:

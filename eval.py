@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from src.utils.checkpoint_io import load_checkpoint  # noqa: E402
 from src.utils.config_checks import check_config_types  # noqa: E402
-from src.utils.errors import MissingFileError, UserFacingError  # noqa: E402
+from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
 from src.utils.run import build_trainer, run_overrides  # noqa: E402
 from src.utils.run_files import log_summary, write_metrics  # noqa: E402
 
@@ -81,11 +81,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
+@exit_on_user_error
 def main(cfg: DictConfig) -> None:
-    try:
-        evaluate(cfg)
-    except UserFacingError as error:
-        raise SystemExit(f"Error: {error}") from None
+    evaluate(cfg)
 
 
 if __name__ == "__main__":

@@ -14,19 +14,25 @@ os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
 
 import hydra  # noqa: E402
 import lightning as L  # noqa: E402
+from lightning.pytorch import LightningModule  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from src.utils.config_checks import check_config_types  # noqa: E402
-from src.utils.errors import MissingFileError, UserFacingError  # noqa: E402
+from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
 from src.utils.run import build_trainer, plain_config, run_overrides  # noqa: E402
 from src.utils.run_files import log_summary, write_metrics  # noqa: E402
+from src.utils.weights import check_checkpoint_fits  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 
-def checked_ckpt_path(ckpt_path: str | None) -> str | None:
-    """`ckpt_path` as given, after checking that a path (not Lightning's "last") exists."""
-    if ckpt_path is None or ckpt_path == "last" or Path(ckpt_path).is_file():
+def checked_ckpt_path(ckpt_path: str | None, model: LightningModule) -> str | None:
+    """`ckpt_path` as given, after checking that a path (not Lightning's "last") exists and
+    holds a checkpoint of this model."""
+    if ckpt_path is None or ckpt_path == "last":
+        return ckpt_path
+    if Path(ckpt_path).is_file():
+        check_checkpoint_fits(model, ckpt_path)
         return ckpt_path
     raise MissingFileError(
         f"ckpt_path={ckpt_path!r} does not exist. Pass a checkpoint file (e.g. "
@@ -47,7 +53,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer = build_trainer(cfg, run_config=(plain_config(cfg), run_overrides()))
 
     if cfg.get("train"):
-        trainer.fit(model, datamodule=datamodule, ckpt_path=checked_ckpt_path(cfg.get("ckpt_path")))
+        trainer.fit(
+            model, datamodule=datamodule, ckpt_path=checked_ckpt_path(cfg.get("ckpt_path"), model)
+        )
     metrics = dict(trainer.callback_metrics)
     preempted = any(getattr(callback, "received", None) for callback in trainer.callbacks)
 
@@ -72,11 +80,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
+@exit_on_user_error
 def main(cfg: DictConfig) -> float | None:
-    try:
-        record = train(cfg)
-    except UserFacingError as error:
-        raise SystemExit(f"Error: {error}") from None
+    record = train(cfg)
     # The value a sweeper (e.g. Optuna) optimises.
     return record.get("metrics", {}).get(cfg.get("optimized_metric"))
 

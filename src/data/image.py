@@ -9,6 +9,8 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset, Subset, TensorDataset, random_split
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from src.utils.errors import ConfigError, DataError
+
 Transform = Callable[[Any], torch.Tensor]
 SPLITS = ("train", "val", "test")
 
@@ -52,7 +54,7 @@ def _backing_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | No
     if isinstance(dataset, Subset):
         inner = _backing_tensors(dataset.dataset)
         if inner is not None:
-            index = torch.as_tensor(dataset.indices)
+            index = torch.as_tensor(dataset.indices, dtype=torch.long)
             return inner[0][index], inner[1][index]
     return None
 
@@ -60,7 +62,9 @@ def _backing_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | No
 def split_off_validation(dataset: Dataset, val_fraction: float, seed: int) -> tuple[Subset, Subset]:
     """Split a training set into (train, val), the same way on every run with the same seed."""
     if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+        raise ConfigError(
+            f"data.val_fraction must be between 0 and 1 (exclusive), got {val_fraction}"
+        )
     generator = torch.Generator().manual_seed(seed)
     train, val = random_split(dataset, [1.0 - val_fraction, val_fraction], generator=generator)
     return train, val
@@ -94,7 +98,7 @@ class ImageDataModule(LightningDataModule, ABC):
     ):
         super().__init__()
         if batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size}")
+            raise ConfigError(f"data.batch_size must be a positive integer, got {batch_size}")
         self.num_classes = num_classes
         self.input_shape = list(input_shape)
         self.transform = transform
@@ -152,17 +156,20 @@ class ImageDataModule(LightningDataModule, ABC):
     def _check_matches_config(self) -> None:
         for split, dataset in self.datasets.items():
             if len(dataset) == 0:
-                raise ValueError(f"The {split} split of {type(self).__name__} is empty.")
+                raise DataError(
+                    f"The {split} split of {type(self).__name__} is empty: the dataset has too "
+                    f"few samples for data.val_fraction / data.test_fraction, or none at all."
+                )
         image, _ = self.datasets["train"][0]
         if list(image.shape) != self.input_shape:
-            raise ValueError(
+            raise ConfigError(
                 f"data.input_shape is {self.input_shape} but the transformed images have shape "
                 f"{list(image.shape)}: set data.input_shape={list(image.shape)} or change the "
                 f"transforms."
             )
         labels = _labels(self.datasets["test"]) + _labels(self.datasets["val"])
         if labels and (max(labels) >= self.num_classes or min(labels) < 0):
-            raise ValueError(
+            raise ConfigError(
                 f"data.num_classes is {self.num_classes} but labels range from {min(labels)} to "
                 f"{max(labels)}: set data.num_classes={max(labels) + 1}."
             )

@@ -6,7 +6,7 @@ from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
 from src.data.image import ImageDataModule, split_off_validation
-from src.utils.errors import MissingFileError
+from src.utils.errors import DataError, MissingFileError
 
 
 class ImageFolderDataModule(ImageDataModule):
@@ -45,9 +45,15 @@ class ImageFolderDataModule(ImageDataModule):
         return {"train": train, "val": val, "test": test}
 
     def _image_folder(self, root: Path, classes: list[str] | None = None) -> ImageFolder:
-        folder = ImageFolder(str(root))
+        try:
+            folder = ImageFolder(str(root))
+        except FileNotFoundError as error:  # no class folders, or no images in them
+            raise MissingFileError(
+                f"{error} An image folder needs one sub-folder per class holding images "
+                f"(e.g. {root}/cat/1.jpg, {root}/dog/2.jpg)."
+            ) from None
         if classes is not None and folder.classes != classes:
-            raise ValueError(
+            raise DataError(
                 f"{root} has classes {folder.classes} but the training folder has {classes}; "
                 f"every split needs the same class sub-folders."
             )

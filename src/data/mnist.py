@@ -10,7 +10,7 @@ from torch.utils.data import Dataset, TensorDataset
 from torchvision.datasets.utils import extract_archive
 
 from src.data.image import ImageDataModule, split_off_validation
-from src.utils.errors import MissingFileError
+from src.utils.errors import ConfigError, DataError, MissingFileError
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class MNISTDataModule(ImageDataModule):
         self.data_dir = Path(data_dir)
         self.dataset_class = getattr(torchvision.datasets, dataset, None)
         if self.dataset_class is None or not hasattr(self.dataset_class, "resources"):
-            raise ValueError(
+            raise ConfigError(
                 f"data.dataset={dataset!r} is not an MNIST-format torchvision dataset; "
                 f"use MNIST, FashionMNIST or KMNIST."
             )
@@ -69,7 +69,14 @@ class MNISTDataModule(ImageDataModule):
         return {"train": train, "val": val, "test": test}
 
     def _tensor_dataset(self, train: bool) -> TensorDataset:
-        data = self.dataset_class(str(self.data_dir), train=train, download=False)
+        try:
+            data = self.dataset_class(str(self.data_dir), train=train, download=False)
+        except Exception as error:  # torchvision fails on bad files with a bare AssertionError
+            raise DataError(
+                f"The {self.dataset_class.__name__} files in {self.raw_folder} are not valid IDX "
+                f"files ({type(error).__name__}: {error}). Delete them to download them again, "
+                f"or replace them with intact copies."
+            ) from error
         return TensorDataset(data.data.unsqueeze(1), data.targets)  # uint8 [N, 1, H, W]
 
     def _missing_files(self) -> list[str]:

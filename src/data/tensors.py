@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import Dataset, TensorDataset
 
 from src.data.image import ImageDataModule, split_off_validation
-from src.utils.errors import MissingFileError
+from src.utils.errors import ConfigError, DataError, MissingFileError
 
 ARRAY_KEYS = "x and y (optionally x_val, y_val, x_test, y_test)"
 
@@ -30,7 +30,7 @@ class TensorDataModule(ImageDataModule):
     ):
         super().__init__(**kwargs)
         if (path is None) == (x is None or y is None):
-            raise ValueError("TensorDataModule needs either data.path=<file> or both x and y.")
+            raise ConfigError("TensorDataModule needs either data.path=<file> or both x and y.")
         self.path = path
         self.arrays = {"x": x, "y": y} if path is None else None
         self.test_fraction = test_fraction
@@ -53,13 +53,19 @@ def load_arrays(path: Path) -> dict[str, torch.Tensor]:
         raise MissingFileError(f"data.path={str(path)!r} does not exist.")
     if path.suffix == ".npz":
         with np.load(path, allow_pickle=False) as archive:
-            arrays = {key: torch.from_numpy(archive[key]) for key in archive.files}
+            try:
+                arrays = {key: torch.from_numpy(archive[key]) for key in archive.files}
+            except ValueError as error:  # object arrays need unpickling, which could run code
+                raise DataError(
+                    f"{path} holds arrays of Python objects ({error}); only numeric arrays "
+                    f"are read (allow_pickle is never enabled)."
+                ) from None
     elif path.suffix in (".pt", ".pth"):
         arrays = torch.load(path, map_location="cpu", weights_only=True)
     else:
-        raise ValueError(f"data.path must be a .npz or .pt file, got {path.name!r}.")
+        raise ConfigError(f"data.path must be a .npz or .pt file, got {path.name!r}.")
     if not isinstance(arrays, dict) or "x" not in arrays or "y" not in arrays:
-        raise ValueError(f"{path} must hold a mapping with arrays named {ARRAY_KEYS}.")
+        raise DataError(f"{path} must hold a mapping with arrays named {ARRAY_KEYS}.")
     return arrays
 
 
@@ -68,5 +74,5 @@ def _tensor_dataset(arrays: dict, x_key: str, y_key: str) -> TensorDataset | Non
         return None
     x, y = torch.as_tensor(arrays[x_key]), torch.as_tensor(arrays[y_key]).long()
     if len(x) != len(y):
-        raise ValueError(f"{x_key} has {len(x)} samples but {y_key} has {len(y)}.")
+        raise DataError(f"{x_key} has {len(x)} samples but {y_key} has {len(y)}.")
     return TensorDataset(x, y)

@@ -9,6 +9,8 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
+from src.utils.weights import load_network_weights
+
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 STAGES = ("train", "val", "test")
 
@@ -19,7 +21,8 @@ class ImageClassifier(LightningModule):
     `optimizer` is a partial optimizer (`_partial_: true` in config) called with the trainable
     parameters. `scheduler` is Lightning's lr-scheduler dict whose `scheduler` entry is a partial
     called with the optimizer, e.g. `{"scheduler": partial(CosineAnnealingLR, T_max=10),
-    "interval": "epoch"}`. Only plain values reach the checkpoint's hyperparameters, so
+    "interval": "epoch"}`. `pretrained` starts the network from a weights file (see
+    `src/utils/weights.py`). Only plain values reach the checkpoint's hyperparameters, so
     checkpoints load with `torch.load(..., weights_only=True)`.
     """
 
@@ -29,9 +32,14 @@ class ImageClassifier(LightningModule):
         num_classes: int,
         optimizer: OptimizerFactory,
         scheduler: dict[str, Any] | None = None,
+        pretrained: str | None = None,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["net", "optimizer", "scheduler"], logger=False)
+        self.save_hyperparameters(
+            ignore=["net", "optimizer", "scheduler", "pretrained"], logger=False
+        )
+        if pretrained:
+            load_network_weights(net, pretrained)
         self.net = net
         self.optimizer_factory = optimizer
         self.scheduler_config = scheduler

@@ -51,6 +51,11 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
     if not path.is_file():
         raise MissingFileError(f"Checkpoint {str(path)!r} does not exist.")
     try:
+        # mmap: a large checkpoint is paged in as read, not copied into memory up front.
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+    except RuntimeError as error:
+        if "mmap" not in str(error):  # only files in the legacy (non-zip) format need this
+            raise _corrupt(path, error) from None
         return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         reason = str(error).split("\n")[0]
@@ -59,12 +64,16 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
             f"plain values ({reason}). Unpickling them could run arbitrary code. If you trust "
             f"the file's origin, re-save its tensors (e.g. its state_dict) as .safetensors."
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile) as error:
-        raise CheckpointError(
-            f"{path} is not a readable checkpoint (truncated or corrupt: "
-            f"{str(error).splitlines()[0]}). Use another one, e.g. an earlier checkpoint from "
-            f"the same folder."
-        ) from None
+    except (EOFError, zipfile.BadZipFile) as error:
+        raise _corrupt(path, error) from None
+
+
+def _corrupt(path: Path, error: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"{path} is not a readable checkpoint (truncated or corrupt: "
+        f"{str(error).splitlines()[0]}). Use another one, e.g. an earlier checkpoint from the "
+        f"same folder."
+    )
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

@@ -1,5 +1,8 @@
 """Errors caused by input the user can fix; the entry points print them without a traceback."""
 
+import functools
+from collections.abc import Callable
+
 
 class UserFacingError(Exception):
     """Bad input (config, data, checkpoint) with a message that says how to fix it."""
@@ -15,3 +18,26 @@ class CheckpointError(UserFacingError, RuntimeError):
 
 class MissingFileError(UserFacingError, FileNotFoundError):
     """A file or folder the run needs is not where the config says."""
+
+
+def exit_on_user_error(main: Callable) -> Callable:
+    """Entry-point decorator: print a UserFacingError (even one wrapped by Hydra's
+    instantiate) as one clear message and exit with status 1, without a traceback."""
+
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            return main(*args, **kwargs)
+        except Exception as error:
+            cause = error
+            while cause is not None and not isinstance(cause, UserFacingError):
+                cause = cause.__cause__ or cause.__context__
+            if cause is None:
+                raise
+            raise SystemExit(f"Error: {cause}") from None
+
+    return wrapper
+
+
+class DataError(UserFacingError, ValueError):
+    """A dataset that exists but cannot be used: corrupt, empty or inconsistent."""

@@ -1,0 +1,103 @@
+"""Freeze parts of a model by module name, and optionally unfreeze them later (fine-tuning)."""
+
+import fnmatch
+import logging
+
+from lightning.pytorch import LightningModule
+from lightning.pytorch.callbacks import BaseFinetuning
+from torch import nn
+from torch.optim import Optimizer
+
+log = logging.getLogger(__name__)
+
+
+class FreezeLayers(BaseFinetuning):
+    """Freeze the parameters of modules matching `freeze`, or of all modules but `train_only`.
+
+    Patterns are shell-style (`conv*`, `layers.1?`) and match module names with or without
+    the LightningModule's `net.` prefix: `train_only: [fc2]` trains only the last layer of
+    SimpleNet/CNN, `train_last_n: 2` with `layers: net.layers` trains only the last two decoder
+    layers (plus whatever `train_only` names, e.g. `norm`, `lm_head`). Frozen parameters never
+    reach the optimizer; at `unfreeze_at_epoch` they join it with `unfreeze_lr_factor` x the
+    base learning rate.
+    """
+
+    def __init__(
+        self,
+        freeze: list[str] | None = None,
+        train_only: list[str] | None = None,
+        train_last_n: int | None = None,
+        layers: str = "net.layers",
+        unfreeze_at_epoch: int | None = None,
+        unfreeze_lr_factor: float = 0.1,
+        train_bn: bool = True,
+    ):
+        super().__init__()
+        if bool(freeze) == (train_only is not None or train_last_n is not None):
+            raise ValueError("Give either `freeze` patterns or `train_only`/`train_last_n`.")
+        self.freeze_patterns = list(freeze or [])
+        self.train_patterns = list(train_only or [])
+        self.train_last_n = train_last_n
+        self.layers = layers
+        self.unfreeze_at_epoch = unfreeze_at_epoch
+        self.unfreeze_lr_factor = unfreeze_lr_factor
+        self.train_bn = train_bn
+        self.frozen: list[nn.Module] = []
+
+    def freeze_before_training(self, pl_module: LightningModule) -> None:
+        self.frozen = self._modules_to_freeze(pl_module)
+        self.freeze(self.frozen, train_bn=self.train_bn)
+        frozen = sum(p.numel() for p in pl_module.parameters() if not p.requires_grad)
+        total = sum(p.numel() for p in pl_module.parameters())
+        log.info(
+            "Frozen: %d of %d parameters (%d trainable) in %d modules",
+            frozen,
+            total,
+            total - frozen,
+            len(self.frozen),
+        )
+
+    def finetune_function(
+        self, pl_module: LightningModule, epoch: int, optimizer: Optimizer
+    ) -> None:
+        if epoch == self.unfreeze_at_epoch:
+            lr = optimizer.param_groups[0]["lr"] * self.unfreeze_lr_factor
+            self.unfreeze_and_add_param_group(self.frozen, optimizer, lr=lr, train_bn=self.train_bn)
+            log.info("Epoch %d: unfroze %d modules at lr %g", epoch, len(self.frozen), lr)
+
+    def _modules_to_freeze(self, pl_module: LightningModule) -> list[nn.Module]:
+        """Modules owning parameters directly, selected by name."""
+        owners = [
+            (name, module)
+            for name, module in pl_module.named_modules()
+            if any(True for _ in module.parameters(recurse=False))
+        ]
+        if self.freeze_patterns:
+            chosen = [(n, m) for n, m in owners if self._matches(n, self.freeze_patterns)]
+        else:
+            trained = self.train_patterns + self._last_layer_patterns(pl_module)
+            chosen = [(n, m) for n, m in owners if not self._matches(n, trained)]
+        patterns = self.freeze_patterns or self.train_patterns
+        if not chosen or len(chosen) == len(owners):
+            names = ", ".join(name for name, _ in owners)
+            raise ValueError(
+                f"The patterns {patterns} select {len(chosen)} of {len(owners)} "
+                f"modules with parameters; choose among: {names}"
+            )
+        return [module for _, module in chosen]
+
+    def _last_layer_patterns(self, pl_module: LightningModule) -> list[str]:
+        if self.train_last_n is None:
+            return []
+        layers = pl_module.get_submodule(self.layers)
+        last = range(len(layers) - self.train_last_n, len(layers))
+        return [f"{self.layers}.{index}" for index in last]
+
+    @staticmethod
+    def _matches(name: str, patterns: list[str]) -> bool:
+        """True when the module or one of its parents matches a pattern."""
+        candidates = {name, name.removeprefix("net.")}
+        parts = name.split(".")
+        candidates |= {".".join(parts[:i]) for i in range(1, len(parts))}
+        candidates |= {c.removeprefix("net.") for c in set(candidates)}
+        return any(fnmatch.fnmatchcase(c, p) for c in candidates for p in patterns)

@@ -1,0 +1,29 @@
+"""Hydra callbacks: checks that must run before Hydra creates the run directory."""
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+
+class WritableOutputDir(Callback):
+    """Stops with one clear line when the run (or sweep) directory cannot be written."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        check_writable(Path(config.hydra.run.dir), "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        check_writable(Path(config.hydra.sweep.dir), "hydra.sweep.dir")
+
+
+def check_writable(folder: Path, key: str) -> None:
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
+        return
+    reason = "is not a folder" if existing is not None and not existing.is_dir() else "is read-only"
+    raise SystemExit(
+        f"Error: cannot create the output directory {folder}: {existing} {reason}. Choose a "
+        f"writable place with {key}=... or paths.log_dir=..."
+    )

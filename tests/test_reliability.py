@@ -1,0 +1,114 @@
+"""Preemption, numerical faults and checkpoint policies."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+from src.callbacks.finite_check import NonFiniteError
+from tests.helpers import FAST, ROOT, compose_config
+from train import train
+
+
+class PoisonAtStep(Callback):
+    """Makes the loss NaN from step `step` on, by poisoning one weight."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == self.step:
+            with torch.no_grad():
+                pl_module.net.fc1.weight[0, 0] = float("nan")
+
+
+def test_a_nan_loss_stops_the_run_naming_the_step_and_keeping_the_last_good_checkpoint(
+    tmp_path,
+):
+    cfg = compose_config(
+        tmp_path,
+        [
+            *FAST,
+            "trainer.max_epochs=2",
+            "callbacks.last_checkpoint.every_n_train_steps=5",
+            "callbacks.last_checkpoint.every_n_epochs=null",
+            "+callbacks.poison._target_=tests.test_reliability.PoisonAtStep",
+            "+callbacks.poison.step=12",
+        ],
+    )
+    with pytest.raises(NonFiniteError, match="step 12") as error:
+        train(cfg)
+    assert "last.ckpt" in str(error.value)
+    last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert last["global_step"] == 10
+    weights = {k: v for k, v in last["state_dict"].items() if k.startswith("net.")}
+    assert all(torch.isfinite(v).all() for v in weights.values())
+
+
+def test_sigterm_saves_between_steps_and_exits_cleanly_then_ckpt_path_last_resumes(tmp_path):
+    slow = ["+callbacks.slow._target_=tests.test_reliability.SlowSteps", "trainer.max_epochs=50"]
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *FAST, *slow, f"hydra.run.dir={tmp_path}"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while not (tmp_path / "started").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output[-3000:]
+    assert "SIGTERM received" in output
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["preempted"] is True
+    stopped_at = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)[
+        "global_step"
+    ]
+    assert 0 < stopped_at < 50 * 20
+
+    resumed = train(
+        compose_config(
+            tmp_path, [*FAST, "ckpt_path=last", f"trainer.max_epochs={stopped_at // 20 + 2}"]
+        )
+    )
+    final = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert final["global_step"] == (stopped_at // 20 + 2) * 20
+    assert "test/acc" in resumed["metrics"]
+
+
+class SlowSteps(Callback):
+    """Marks the run as started after a few steps, then makes each step take a while."""
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == 3:
+            (
+                trainer.default_root_dir
+                and __import__("pathlib").Path(trainer.default_root_dir) / "started"
+            ).touch()
+        time.sleep(0.02)
+
+
+def test_keep_last_n_periodic_checkpoints(tmp_path):
+    train(
+        compose_config(
+            tmp_path,
+            [
+                *FAST,
+                "trainer.max_epochs=1",
+                "callbacks.last_checkpoint.every_n_train_steps=4",
+                "callbacks.last_checkpoint.every_n_epochs=null",
+                "callbacks.last_checkpoint.save_top_k=2",
+            ],
+        )
+    )
+    periodic = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.ckpt"))
+    assert periodic == ["step_00000016.ckpt", "step_00000020.ckpt"]
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()

@@ -89,10 +89,7 @@ class SlowSteps(Callback):
 
     def on_train_batch_end(self, trainer, *args):
         if trainer.global_step == 3:
-            (
-                trainer.default_root_dir
-                and __import__("pathlib").Path(trainer.default_root_dir) / "started"
-            ).touch()
+            Path(trainer.default_root_dir, "started").touch()
         time.sleep(0.02)
 
 

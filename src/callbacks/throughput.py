@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.flop_counter import FlopCounterMode
 
 from src.utils.peak_flops import dtype_of_precision, peak_flops
@@ -114,7 +115,8 @@ class Throughput(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         for key, value in self.summary(trainer.world_size).items():
-            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=False)
+            # Per-device figures, averaged over ranks once per epoch.
+            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True)
 
     # -- results -----------------------------------------------------------------------------
 
@@ -142,7 +144,7 @@ class Throughput(Callback):
         )
         if "tokens" in counts:
             message += f", {counts['tokens'] * per_step} token slots"
-        log.info(message)
+        rank_zero_info(message)
         self.effective_batch["perf/effective_batch_samples"] = counts["samples"] * per_step
         if "tokens" in counts:
             self.effective_batch["perf/effective_batch_tokens"] = counts["tokens"] * per_step

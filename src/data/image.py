@@ -9,6 +9,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset, Subset, TensorDataset, random_split
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from src.data.sampler import ResumableDistributedSampler
 from src.utils.errors import ConfigError, DataError
 
 Transform = Callable[[Any], torch.Tensor]
@@ -79,6 +80,11 @@ class ImageDataModule(LightningDataModule, ABC):
       sample every epoch: that is where random augmentation goes.
     - `input_shape` and `num_classes` are what models read through config interpolation; they
       are checked against the data at set-up so a wrong value fails with a clear message.
+    - Batches come from a `DistributedSampler` in every run, with one process or many: each
+      epoch's order is a permutation seeded by `shuffle_seed` + epoch, and the ranks of a DDP
+      run take interleaved slices of it, so 2 processes with batch B see exactly the batches
+      1 process with batch 2B sees. (Set `trainer.use_distributed_sampler=false`, as the
+      trainer configs do, so Lightning does not wrap it again.)
     """
 
     def __init__(
@@ -95,6 +101,7 @@ class ImageDataModule(LightningDataModule, ABC):
         persistent_workers: bool = True,
         val_fraction: float = 0.1,
         split_seed: int = 0,
+        shuffle_seed: int | None = None,
     ):
         super().__init__()
         if batch_size < 1:
@@ -111,6 +118,7 @@ class ImageDataModule(LightningDataModule, ABC):
         self.persistent_workers = persistent_workers and num_workers > 0
         self.val_fraction = val_fraction
         self.split_seed = split_seed
+        self.shuffle_seed = shuffle_seed
         self.datasets: dict[str, Dataset] = {}
 
     @abstractmethod
@@ -147,10 +155,22 @@ class ImageDataModule(LightningDataModule, ABC):
         return StatefulDataLoader(
             self.datasets[split],
             batch_size=batch_size,
-            shuffle=shuffle,
+            sampler=self._sampler(split, shuffle),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers,
+        )
+
+    def _sampler(self, split: str, shuffle: bool) -> ResumableDistributedSampler:
+        trainer = self.trainer
+        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+        seed = torch.initial_seed() if self.shuffle_seed is None else self.shuffle_seed
+        return ResumableDistributedSampler(
+            self.datasets[split],
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed % 2**63,
         )
 
     def _check_matches_config(self) -> None:

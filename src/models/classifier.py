@@ -80,7 +80,7 @@ class ImageClassifier(LightningModule):
         acc = self._log_epoch("val")
         if not self.trainer.sanity_checking:  # a few sanity batches are not a validation
             self.val_acc_best(acc)
-        self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True)
+            self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
@@ -107,11 +107,15 @@ class ImageClassifier(LightningModule):
         return loss
 
     def _log_epoch(self, stage: str) -> torch.Tensor:
-        """Log the stage's epoch loss and accuracy (synchronised across ranks), then reset."""
+        """Log the stage's epoch loss and accuracy, then reset.
+
+        `compute()` already gathers the states of every rank, so all ranks log the same value;
+        `sync_dist` only tells Lightning so (one all-reduce per epoch, not per step).
+        """
         acc = getattr(self, f"{stage}_acc").compute()
         loss = getattr(self, f"{stage}_loss").compute()
-        self.log(f"{stage}/loss", loss, prog_bar=stage != "test")
-        self.log(f"{stage}/acc", acc, prog_bar=stage != "test")
+        self.log(f"{stage}/loss", loss, prog_bar=stage != "test", sync_dist=True)
+        self.log(f"{stage}/acc", acc, prog_bar=stage != "test", sync_dist=True)
         self._reset(stage)
         return acc
 

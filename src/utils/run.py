@@ -4,10 +4,12 @@ from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from lightning.pytorch import Trainer
 from omegaconf import DictConfig, OmegaConf
 
 from src.callbacks.run_config import RunConfigInCheckpoint
+from src.utils.errors import ConfigError
 from src.utils.instantiate import instantiate_group
 
 
@@ -21,6 +23,22 @@ def run_overrides() -> list[str]:
     if not HydraConfig.initialized():
         return []
     return list(HydraConfig.get().overrides.task)
+
+
+def check_launch(cfg: DictConfig) -> None:
+    """Refuse a launch combination known to break: a Hydra multirun whose jobs start DDP
+    processes themselves (with `ddp`, each child re-runs the whole sweep)."""
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+        return
+    strategy = str(cfg.trainer.get("strategy", "auto"))
+    devices = cfg.trainer.get("devices", 1)
+    if strategy.startswith("ddp") and devices != 1:
+        raise ConfigError(
+            f"A multirun (-m) cannot use trainer.strategy={strategy} with {devices} devices: "
+            f"Lightning re-executes the command line for the other ranks, so each would start "
+            f"the whole sweep again. Run each configuration as its own command, or sweep "
+            f"with a cluster launcher that starts the ranks itself."
+        )
 
 
 def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = None) -> Trainer:

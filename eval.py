@@ -28,8 +28,23 @@ log = logging.getLogger(__name__)
 # Testing needs none of the training callbacks that Lightning would otherwise ask for.
 warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")
 
-# Training overrides that describe how training ran, not what the checkpoint is.
-NOT_REPLAYED = ("ckpt_path", "debug", "train", "test", "hydra", "seed")
+# Training overrides that describe how training ran, not what the checkpoint is (keys and the
+# callbacks that eval.yaml switches off).
+NOT_REPLAYED = (
+    "ckpt_path",
+    "debug",
+    "train",
+    "test",
+    "hydra",
+    "seed",
+    "callbacks.model_checkpoint",
+    "callbacks.lr_monitor",
+)
+
+
+def is_replayed(override: str) -> bool:
+    key = override.lstrip("+~").split("=")[0]
+    return not any(key == skip or key.startswith(f"{skip}.") for skip in NOT_REPLAYED)
 
 
 def config_of_checkpoint(cfg: DictConfig, ckpt_path: Path) -> DictConfig:
@@ -42,11 +57,7 @@ def config_of_checkpoint(cfg: DictConfig, ckpt_path: Path) -> DictConfig:
     if stored is None:
         log.warning("%s records no run config: using the model and data given here.", ckpt_path)
         return cfg
-    replayed = [
-        o
-        for o in stored["overrides"]
-        if o.lstrip("+~").split("=")[0].split(".")[0] not in NOT_REPLAYED
-    ]
+    replayed = [override for override in stored["overrides"] if is_replayed(override)]
     composed = hydra.compose(config_name="eval", overrides=replayed + run_overrides())
     OmegaConf.update(composed, "model", stored["config"]["model"], merge=False)
     return composed

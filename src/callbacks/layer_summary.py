@@ -36,7 +36,10 @@ class LayerSummary(Callback):
                 depth=self.depth,
                 verbose=0,
                 device=pl_module.device,
-                col_names=("output_size", "num_params", "trainable"),
+                # Output sizes need an input; without one, parameters only.
+                col_names=("output_size", "num_params", "trainable")
+                if input_size
+                else ("num_params", "trainable"),
             )
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(str(summary) + "\n")

@@ -9,7 +9,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset, Subset, TensorDataset, random_split
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from src.data.sampler import ResumableDistributedSampler
+from src.data.sampler import resumable_sampler
 from src.utils.errors import ConfigError, DataError
 
 Transform = Callable[[Any], torch.Tensor]
@@ -155,22 +155,10 @@ class ImageDataModule(LightningDataModule, ABC):
         return StatefulDataLoader(
             self.datasets[split],
             batch_size=batch_size,
-            sampler=self._sampler(split, shuffle),
+            sampler=resumable_sampler(self, self.datasets[split], shuffle, self.shuffle_seed),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers,
-        )
-
-    def _sampler(self, split: str, shuffle: bool) -> ResumableDistributedSampler:
-        trainer = self.trainer
-        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
-        seed = torch.initial_seed() if self.shuffle_seed is None else self.shuffle_seed
-        return ResumableDistributedSampler(
-            self.datasets[split],
-            num_replicas=world_size,
-            rank=rank,
-            shuffle=shuffle,
-            seed=seed % 2**63,
         )
 
     def _check_matches_config(self) -> None:

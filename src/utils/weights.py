@@ -38,7 +38,7 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 def describe_mismatch(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor]) -> str:
     """Which keys are missing, unexpected or of another shape; empty when all fit."""
-    missing = sorted(expected.keys() - found.keys())
+    missing = sorted(f"{key} {list(expected[key].shape)}" for key in expected.keys() - found.keys())
     unexpected = sorted(found.keys() - expected.keys())
     mismatched = [
         f"{key}: file {list(found[key].shape)}, model {list(expected[key].shape)}"

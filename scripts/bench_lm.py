@@ -1,0 +1,216 @@
+"""Training throughput of QwenLM against transformers' Qwen3 / Qwen3-Next on the same weights.
+
+    python scripts/bench_lm.py                        # conf/model tiny configs, B=16, T=256
+    python scripts/bench_lm.py --quick                # a few seconds: smaller models, one repeat
+    python scripts/bench_lm.py --output bench.md      # also write the Markdown section
+
+For each model (dense, hybrid) and precision (fp32, bf16-mixed via torch.autocast), both
+implementations get the same config, weights (QwenLM is saved with save_pretrained and loaded by
+transformers), batch, sequence length and AdamW settings. Their logits are compared before
+anything is timed. A timed step is forward + backward + optimizer step. The first step of each
+is reported apart (cold start), one more is a warm-up, then the two alternate, `--repeats`
+times, their order swapped every repeat; the table shows medians. Model FLOPs utilisation uses
+QwenLM.flops_per_token against a matmul peak measured here, per precision.
+"""
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from src.models.qwen import QwenConfig, QwenLM  # noqa: E402
+
+MODELS = {"dense": "qwen3_tiny", "hybrid": "qwen3_next_tiny"}
+PRECISIONS = ("fp32", "bf16-mixed")
+QUICK_SIZES = dict(hidden_size=64, intermediate_size=128, head_dim=16, linear_key_head_dim=16,
+                   linear_value_head_dim=16)  # fmt: skip
+COLUMNS = (
+    "model", "precision", "params", "ours tok/s", "transformers tok/s", "speedup",
+    "ours MFU", "transformers MFU", "cold start ours / transformers", "max abs Δ logits",
+)  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: seconds")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=7, help="timed rounds per implementation")
+    parser.add_argument("--steps", type=int, default=3, help="training steps per timed round")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    parser.add_argument("--output", type=Path, help="write the Markdown table there too")
+    parser.add_argument("--profile", action="store_true", help="print each one's costliest ops")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.batch_size, args.seq_len, args.repeats, args.steps = 2, 80, 1, 1
+    return args
+
+
+def model_config(name: str, quick: bool) -> QwenConfig:
+    """The `config` node of conf/model/<name>.yaml, shrunk in quick mode."""
+    values = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml"))
+    config = values["config"]
+    if quick:
+        config.update({k: v for k, v in QUICK_SIZES.items() if k in config})
+    return QwenConfig.from_dict(config)
+
+
+def matmul_peak(dtype: torch.dtype, size: int) -> float:
+    """Best FLOP/s of a square matmul: the ceiling that MFU is measured against."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b  # warm-up
+    best = 0.0
+    for _ in range(10):
+        start = time.perf_counter()
+        a @ b
+        best = max(best, 2 * size**3 / (time.perf_counter() - start))
+    return best
+
+
+class Runner:
+    """One implementation's model, optimizer and a `step()` that trains on a fixed batch."""
+
+    def __init__(self, model, ids: torch.Tensor, bf16: bool, calls_transformers: bool):
+        self.model = model.train()
+        self.ids = ids
+        self.bf16 = bf16
+        self.calls_transformers = calls_transformers
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+
+    def logits(self) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16) if self.bf16 else nullcontext():
+            if self.calls_transformers:
+                return self.model(input_ids=self.ids, use_cache=False).logits
+            return self.model(self.ids)
+
+    def step(self) -> None:
+        logits = self.logits()
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), self.ids[:, 1:].flatten())
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def timed(self, steps: int) -> float:
+        """Seconds for `steps` training steps."""
+        start = time.perf_counter()
+        for _ in range(steps):
+            self.step()
+        return time.perf_counter() - start
+
+
+def profile(runner: Runner) -> str:
+    """The ops taking the most time in one training step, by torch.profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        runner.step()
+    return profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=8)
+
+
+def compare(kind: str, precision: str, args, peaks: dict[str, float]) -> dict[str, str]:
+    import transformers
+
+    config = model_config(MODELS[kind], args.quick)
+    torch.manual_seed(0)
+    ours = QwenLM(config)
+    with tempfile.TemporaryDirectory() as folder:
+        ours.save_pretrained(folder)
+        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder)
+    ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len))
+    bf16 = precision == "bf16-mixed"
+    runners = {
+        "ours": Runner(ours, ids, bf16, False),
+        "transformers": Runner(theirs, ids, bf16, True),
+    }
+    with torch.no_grad():
+        difference = (runners["ours"].logits() - runners["transformers"].logits()).abs().max()
+
+    cold = {name: runner.timed(1) for name, runner in runners.items()}
+    for runner in runners.values():  # warm-up (oneDNN builds kernels per shape), not timed
+        runner.timed(2)
+    seconds = {name: [] for name in runners}
+    order = list(runners)
+    for _ in range(args.repeats):
+        for name in order:
+            seconds[name].append(runners[name].timed(args.steps))
+        order.reverse()
+    if args.profile:
+        for name, runner in runners.items():
+            print(f"\n{kind} {precision}, {name}: one step\n{profile(runner)}")
+    tokens = args.batch_size * args.seq_len * args.steps
+    rate = {name: tokens / statistics.median(times) for name, times in seconds.items()}
+    flops = ours.flops_per_token(args.seq_len)
+    peak = peaks["bf16" if bf16 else "fp32"]
+    return {
+        "model": f"{kind} ({MODELS[kind]})",
+        "precision": precision,
+        "params": f"{ours.num_parameters() / 1e6:.2f}M",
+        "ours tok/s": f"{rate['ours']:,.0f}",
+        "transformers tok/s": f"{rate['transformers']:,.0f}",
+        "speedup": f"{rate['ours'] / rate['transformers']:.2f}x",
+        "ours MFU": f"{rate['ours'] * flops / peak:.1%}",
+        "transformers MFU": f"{rate['transformers'] * flops / peak:.1%}",
+        "cold start ours / transformers": f"{cold['ours']:.2f} s / {cold['transformers']:.2f} s",
+        "max abs Δ logits": f"{difference:.1e}",
+    }
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
+        cpu = names[0].split(":", 1)[1].strip() if names else cpu
+    import transformers
+
+    return (
+        f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; "
+        f"torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"Python {platform.python_version()}"
+    )
+
+
+def markdown(rows: list[dict[str, str]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row[c] for c in COLUMNS) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, str]]:
+    import transformers
+
+    transformers.logging.set_verbosity_error()  # its kernel-fallback notes, on every model
+    transformers.utils.logging.disable_progress_bar()
+    args = parse_args(argv)
+    size = 512 if args.quick else 2048
+    peaks = {"fp32": matmul_peak(torch.float32, size), "bf16": matmul_peak(torch.bfloat16, size)}
+    rows = [compare(k, p, args, peaks) for k in args.models for p in args.precisions]
+    command = "python scripts/bench_lm.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    report = "\n".join([
+        f"Machine: {machine()}",
+        f"Matmul peak: {peaks['fp32'] / 1e9:,.0f} GFLOP/s fp32, {peaks['bf16'] / 1e9:,.0f} "
+        f"GFLOP/s bf16 ({size}x{size})",
+        f"Batch {args.batch_size} x {args.seq_len} tokens, {args.steps} steps per round, "
+        f"median of {args.repeats} rounds; command: `{command.strip()}`",
+        "",
+        markdown(rows),
+    ])  # fmt: skip
+    print(report)
+    if args.output:
+        args.output.write_text(report + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Byte-level language modelling on one text file: UTF-8 bytes are the tokens, nothing to train."""
+
+from pathlib import Path
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from src.data.sampler import resumable_sampler
+from src.utils.errors import ConfigError, DataError, MissingFileError
+
+
+class ByteTokenizer:
+    """Token ids 0-255 are UTF-8 bytes and 256 ends a document, so any text round-trips."""
+
+    vocab_size = 257
+    eos_token_id = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        """Bytes back to text; special ids are dropped and broken UTF-8 shows as U+FFFD."""
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class TokenWindows(Dataset):
+    """Consecutive, non-overlapping windows of a token stream, as next-token examples.
+
+    Example i covers tokens [i*T, (i+1)*T]: `input_ids` are its first T tokens and `labels`
+    its last T, already shifted, so labels[t] is the target at position t.
+    """
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int):
+        self.tokens = tokens
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        return max(0, (len(self.tokens) - 1) // self.seq_len)
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        start = index * self.seq_len
+        window = self.tokens[start : start + self.seq_len + 1]
+        return {"input_ids": window[:-1], "labels": window[1:]}
+
+
+class ByteTextDataModule(LightningDataModule):
+    """A text file as bytes, cut into fixed-length rows; batches are dicts of `input_ids` and
+    `labels` [B, seq_len].
+
+    The split is contiguous and deterministic: the file's first part trains, then come
+    `val_fraction` for validation and `test_fraction` for testing, so no evaluated text sits
+    inside a training row. As in every datamodule here, rows come from a resumable
+    DistributedSampler (shuffled by `shuffle_seed` + epoch, sharded across DDP ranks).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        seq_len: int = 256,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        num_workers: int = 0,
+        shuffle_seed: int | None = None,
+    ):
+        super().__init__()
+        if seq_len < 1 or batch_size < 1:
+            raise ConfigError(
+                f"data.seq_len and data.batch_size must be positive, got {seq_len}, {batch_size}"
+            )
+        if not (val_fraction > 0 and test_fraction > 0 and val_fraction + test_fraction < 1):
+            raise ConfigError(
+                "data.val_fraction and data.test_fraction must be positive and leave text for "
+                f"training, got {val_fraction} and {test_fraction}"
+            )
+        self.path = Path(path)
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.fractions = {"val": val_fraction, "test": test_fraction}
+        self.num_workers = num_workers
+        self.shuffle_seed = shuffle_seed
+        self.tokenizer = ByteTokenizer()
+        self.datasets: dict[str, TokenWindows] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        if not self.path.is_file():
+            raise MissingFileError(f"data.path={str(self.path)!r} is not a file")
+        raw = bytearray(self.path.read_bytes())
+        tokens = torch.cat(
+            (
+                torch.frombuffer(raw, dtype=torch.uint8).long(),
+                torch.tensor([ByteTokenizer.eos_token_id]),
+            )
+        )
+        val_start = int(len(tokens) * (1 - self.fractions["val"] - self.fractions["test"]))
+        test_start = int(len(tokens) * (1 - self.fractions["test"]))
+        bounds = {
+            "train": (0, val_start),
+            "val": (val_start, test_start),
+            "test": (test_start, None),
+        }
+        for split, (start, end) in bounds.items():
+            self.datasets[split] = TokenWindows(tokens[start:end], self.seq_len)
+            if not len(self.datasets[split]):
+                raise DataError(
+                    f"The {split} split of {self.path} ({len(tokens[start:end])} bytes) is "
+                    f"shorter than one row of seq_len + 1 = {self.seq_len + 1} tokens"
+                )
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        return self._loader("train", self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> StatefulDataLoader:
+        return self._loader("val", self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> StatefulDataLoader:
+        return self._loader("test", self.eval_batch_size, shuffle=False)
+
+    def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
+        # Its position and shuffle order go into checkpoints, so a resumed run continues exactly.
+        sampler = resumable_sampler(self, self.datasets[split], shuffle, self.shuffle_seed)
+        return StatefulDataLoader(
+            self.datasets[split],
+            batch_size=batch_size,
+            sampler=sampler,
+            drop_last=shuffle,  # equal training batches keep every optimizer step the same size
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )

@@ -1,0 +1,222 @@
+"""Gated DeltaNet, Qwen3-Next's linear-attention layer, with the short convolution before it.
+
+On a GPU, with `flash-linear-attention` and `causal-conv1d` installed, the chunked recurrence
+and the convolution run as their fused kernels (given the document boundaries); everywhere else
+they run as the pure PyTorch code of `delta_rule.py` and `ShortConvolution`, which honours the
+same boundaries.
+"""
+
+import logging
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from src.models.qwen.boundaries import DocumentBoundaries
+from src.models.qwen.config import QwenConfig
+from src.models.qwen.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from src.models.qwen.layers import GatedRMSNorm
+
+try:
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule
+except ImportError:
+    fla_chunk_gated_delta_rule = None
+try:
+    from causal_conv1d import causal_conv1d_fn
+except ImportError:
+    causal_conv1d_fn = None
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DeltaNetCache:
+    """What a Gated DeltaNet layer carries from one decoding step to the next."""
+
+    conv: torch.Tensor | None = None  # the last K-1 convolution inputs [B, K-1, channels]
+    recurrent: torch.Tensor | None = None  # the state S [B, value_heads, d_k, d_v], fp32
+
+
+class ShortConvolution(nn.Module):
+    """Depthwise causal convolution over time (kernel K, no bias), then SiLU.
+
+    out[t, c] = silu(sum_j weight[c, 0, j] * x[t - (K-1) + j, c]), where taps before the start
+    of t's document read zeros. `weight` has nn.Conv1d's shape, as in the checkpoints.
+    """
+
+    def __init__(self, channels: int, kernel_size: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        boundaries: DocumentBoundaries | None = None,
+        cache: DeltaNetCache | None = None,
+        use_kernel: bool = False,
+    ) -> torch.Tensor:
+        """x [B, T, channels] -> [B, T, channels]; with a cache, continue from its inputs.
+
+        `use_kernel`: run causal-conv1d's CUDA kernel (no cache; x on a GPU in fp16/bf16).
+        """
+        if use_kernel:
+            document_ids = None if boundaries is None else boundaries.document_ids.to(torch.int32)
+            weight = self.weight.squeeze(1).to(x.dtype)
+            out = causal_conv1d_fn(
+                x.transpose(1, 2), weight, seq_idx=document_ids, activation="silu"
+            )
+            return out.transpose(1, 2)
+        kernel_size = self.weight.shape[-1]
+        batch, length, channels = x.shape
+        history = None if cache is None else cache.conv
+        if history is None:
+            history = x.new_zeros(batch, kernel_size - 1, channels)
+        padded = torch.cat((history.to(x.dtype), x), dim=1)  # [B, K-1+T, channels]
+        if cache is not None:
+            cache.conv = padded[:, length:]
+        out = 0
+        for j in range(kernel_size):
+            tap = padded[:, j : j + length]  # tap j reads token t - lag
+            lag = kernel_size - 1 - j
+            if boundaries is not None and lag:
+                tap = tap * (boundaries.position_in_document >= lag)[..., None]
+            out = out + tap * self.weight[:, 0, j]
+        return F.silu(out).to(x.dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    """Token mixer of Qwen3-Next's "linear_attention" layers.
+
+    x -> in_proj_qkvz, grouped per key head as [q | k | v | z], and in_proj_ba as [b | a] ->
+    short convolution + SiLU over [q; k; v] -> beta = sigmoid(b), g = -exp(A_log) *
+    softplus(a + dt_bias) -> gated delta rule on L2-normalised q, k (q scaled by d_k^-0.5),
+    each key head serving linear_num_value_heads / linear_num_key_heads value heads ->
+    weight * rmsnorm(o) * silu(z) per value head -> out_proj.
+    """
+
+    def __init__(self, config: QwenConfig, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+        self.num_key_heads = config.linear_num_key_heads
+        self.num_value_heads = config.linear_num_value_heads
+        self.key_head_dim = config.linear_key_head_dim
+        self.value_head_dim = config.linear_value_head_dim
+        self.chunk_size = config.linear_chunk_size
+        self.key_dim = self.num_key_heads * self.key_head_dim
+        self.value_dim = self.num_value_heads * self.value_head_dim
+        hidden = config.hidden_size
+        self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(hidden, 2 * self.num_value_heads, bias=False)
+        conv_channels = 2 * self.key_dim + self.value_dim
+        self.conv1d = ShortConvolution(conv_channels, config.linear_conv_kernel_dim)
+        self.dt_bias = nn.Parameter(torch.ones(self.num_value_heads))
+        self.A_log = nn.Parameter(torch.empty(self.num_value_heads))
+        self.norm = GatedRMSNorm(self.value_head_dim, config.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
+        self._logged_path: str | None = None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Qwen3-Next's gate init: dt_bias 1, A ~ U(0.01, 16) sampled in fp32 (never log 0)."""
+        nn.init.ones_(self.dt_bias)
+        with torch.no_grad():
+            a = torch.empty(self.A_log.shape, dtype=torch.float32, device=self.A_log.device)
+            self.A_log.copy_(a.uniform_(0.01, 16).log_())
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        boundaries: DocumentBoundaries | None = None,
+        cache: DeltaNetCache | None = None,
+    ) -> torch.Tensor:
+        conv_channels = 2 * self.key_dim + self.value_dim
+        widths = (conv_channels, self.value_dim, self.num_value_heads, self.num_value_heads)
+        qkv, z, b, a = F.linear(x, self._stacked_input_weight()).split(widths, dim=-1)
+        on_gpu = cache is None and qkv.is_cuda and qkv.dtype in (torch.float16, torch.bfloat16)
+        conv_kernel = on_gpu and causal_conv1d_fn is not None
+        rule_kernel = on_gpu and fla_chunk_gated_delta_rule is not None
+        self._log_path(conv_kernel, rule_kernel, decoding=cache is not None)
+        q, k, v = self.conv1d(qkv, boundaries, cache, conv_kernel).split(
+            (self.key_dim, self.key_dim, self.value_dim), dim=-1
+        )
+        q = q.unflatten(-1, (self.num_key_heads, self.key_head_dim))
+        k = k.unflatten(-1, (self.num_key_heads, self.key_head_dim))
+        v = v.unflatten(-1, (self.num_value_heads, self.value_head_dim))
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # log-decay <= 0
+        if rule_kernel:
+            o = self._fla_delta_rule(q, k, v, g, beta, boundaries)
+        else:
+            o = self._torch_delta_rule(q, k, v, g, beta, boundaries, cache)
+        z = z.unflatten(-1, (self.num_value_heads, self.value_head_dim))
+        return self.out_proj(self.norm(o, z).flatten(2))  # o, z [B, T, value_heads, d_v]
+
+    def _stacked_input_weight(self) -> torch.Tensor:
+        """in_proj_qkvz and in_proj_ba as one weight whose rows give [q | k | v | z | b | a], each
+        head-major, so that one matmul yields every input already in place.
+
+        The checkpoints group rows per key head: [q | k | v | z] and [b | a] for each, where v,
+        z, b and a cover the value heads that key head serves. Reordering the weight's rows
+        costs far less than reordering the activations.
+        """
+        per_key_head = self.num_value_heads // self.num_key_heads
+        v_width = per_key_head * self.value_head_dim
+        qkvz = self.in_proj_qkvz.weight.unflatten(0, (self.num_key_heads, -1))
+        ba = self.in_proj_ba.weight.unflatten(0, (self.num_key_heads, -1))
+        parts = (
+            *qkvz.split((self.key_head_dim, self.key_head_dim, v_width, v_width), dim=1),
+            *ba.split((per_key_head, per_key_head), dim=1),
+        )
+        return torch.cat([part.flatten(0, 1) for part in parts])
+
+    def _torch_delta_rule(self, q, k, v, g, beta, boundaries, cache) -> torch.Tensor:
+        q = _l2_normalise(q.float()) * self.key_head_dim**-0.5
+        k = _l2_normalise(k.float())
+        starts = None if boundaries is None else boundaries.starts
+        state = None if cache is None else cache.recurrent
+        # fp32 throughout, autocast or not: a low-precision state drifts along the sequence.
+        with torch.autocast(q.device.type, enabled=False):
+            if cache is not None and q.shape[1] == 1:
+                o, state = recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=state)
+            else:
+                o, state = chunk_gated_delta_rule(
+                    q, k, v, g, beta, starts, initial_state=state, chunk_size=self.chunk_size
+                )
+        if cache is not None:
+            cache.recurrent = state
+        return o
+
+    def _fla_delta_rule(self, q, k, v, g, beta, boundaries) -> torch.Tensor:
+        batch, length = q.shape[:2]
+        per_key_head = self.num_value_heads // self.num_key_heads  # older fla needs equal heads
+        q, k = q.repeat_interleave(per_key_head, dim=2), k.repeat_interleave(per_key_head, dim=2)
+        cu_seqlens = None
+        if boundaries is not None:  # fla takes packed documents as one row
+            q, k, v, g, beta = (t.flatten(0, 1)[None] for t in (q, k, v, g, beta))
+            cu_seqlens = boundaries.cu_seqlens.long()
+        o, _ = fla_chunk_gated_delta_rule(
+            q, k, v, g, beta,
+            scale=self.key_head_dim**-0.5, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,
+        )  # fmt: skip
+        return o.view(batch, length, *o.shape[2:])
+
+    def _log_path(self, conv_kernel: bool, rule_kernel: bool, decoding: bool) -> None:
+        if torch.compiler.is_compiling():  # a log call would split the compiled graph
+            return
+        conv = "causal-conv1d kernel" if conv_kernel else "PyTorch"
+        if rule_kernel:
+            rule = "flash-linear-attention chunk kernel"
+        elif decoding:
+            rule = "PyTorch, one step per token after the prompt"
+        else:
+            rule = f"PyTorch, chunks of {self.chunk_size}"
+        path = f"convolution by {conv}, delta rule by {rule}"
+        if path != self._logged_path:
+            log.info("Layer %d Gated DeltaNet: %s", self.layer_index, path)
+            self._logged_path = path
+
+
+def _l2_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last axis, as flash-linear-attention computes it."""
+    return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)

@@ -1,0 +1,175 @@
+"""Training the Qwen LM: byte data, loss normalisation, train.py, checkpoints, generation."""
+
+import csv
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Trainer
+
+from eval import evaluate
+from scripts.generate import main as generate_main
+from src.data.byte_text import ByteTextDataModule, ByteTokenizer
+from src.models.language_model import LanguageModel, warmup_cosine
+from tests.helpers import FAST, ROOT, compose_config
+from train import train
+
+SHAKESPEARE = ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt"
+# The Shakespeare experiment with its tiny models shrunk further, so that 40 steps take seconds.
+SMALL = [
+    "experiment=lm_shakespeare",
+    "model.config.hidden_size=64",
+    "model.config.intermediate_size=128",
+    "model.config.head_dim=16",
+    "model.warmup_steps=5",
+    "data.seq_len=64",
+    "data.batch_size=8",
+    "logger=csv",
+    "trainer.log_every_n_steps=1",
+    "trainer.limit_train_batches=40",
+    "trainer.val_check_interval=null",
+    "trainer.check_val_every_n_epoch=1",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+]
+
+
+def logged(run_dir, key: str) -> list[float]:
+    """The values of one metric, in logging order, from the CSV logger's metrics.csv."""
+    (path,) = run_dir.glob("**/metrics.csv")
+    with path.open() as file:
+        return [float(row[key]) for row in csv.DictReader(file) if row.get(key)]
+
+
+@pytest.fixture(scope="module")
+def trained_hybrid(tmp_path_factory):
+    """One short bf16-mixed run of the hybrid model, shared by the checkpoint tests."""
+    run_dir = tmp_path_factory.mktemp("hybrid")
+    overrides = [
+        *FAST,
+        *SMALL,
+        "model=qwen3_next_tiny",
+        "model.config.linear_key_head_dim=16",
+        "model.config.linear_value_head_dim=16",
+    ]
+    return run_dir, train(compose_config(run_dir, overrides))
+
+
+def test_the_hybrid_lm_trains_through_train_py_in_bf16_mixed_precision(trained_hybrid):
+    run_dir, record = trained_hybrid
+    losses = logged(run_dir, "train/loss")
+    assert losses[-1] < losses[0] - 1.0, f"the loss did not fall: {losses[0]} -> {losses[-1]}"
+    metrics = record["metrics"]
+    assert metrics["val/ppl"] == pytest.approx(math.exp(metrics["val/loss"]), rel=1e-4)
+    assert metrics["test/loss"] < math.log(320)
+
+
+def test_the_dense_lm_trains_through_train_py(tmp_path):
+    train(
+        compose_config(
+            tmp_path, [*FAST, *SMALL, "model=qwen3_tiny", "trainer.precision=32-true", "test=false"]
+        )
+    )
+    losses = logged(tmp_path, "train/loss")
+    assert losses[-1] < losses[0] - 1.0, f"the loss did not fall: {losses[0]} -> {losses[-1]}"
+
+
+def test_checkpoints_hold_plain_values_and_reload_for_eval_and_generation(trained_hybrid, tmp_path):
+    _, record = trained_hybrid
+    path = record["best_model_path"]
+    checkpoint = torch.load(path, weights_only=True)
+    hyperparameters = checkpoint["hyper_parameters"]
+    assert hyperparameters["config"]["model_type"] == "qwen3_next"
+    assert hyperparameters["config"]["hidden_size"] == 64
+    assert all(key.startswith("net.") for key in checkpoint["state_dict"])
+
+    module = LanguageModel.load_from_checkpoint(path, weights_only=True)
+    weights = {f"net.{k}": v for k, v in module.net.state_dict().items()}
+    assert all(torch.equal(weights[k], v) for k, v in checkpoint["state_dict"].items())
+
+    result = evaluate(compose_config(tmp_path, [f"ckpt_path={path}"], config_name="eval"))
+    assert result["metrics"]["test/loss"] == pytest.approx(record["metrics"]["test/loss"], rel=1e-3)
+
+    (text,) = generate_main(["--ckpt", path, "--prompt", "ROMEO:", "--max-new-tokens", "20"])
+    assert text.startswith("ROMEO:") and len(text.encode()) >= 20
+
+
+class RecordsGradients(LanguageModel):
+    """Keeps the gradients as the optimizer receives them (after the rescale)."""
+
+    def on_before_optimizer_step(self, optimizer):
+        super().on_before_optimizer_step(optimizer)
+        self.seen = {name: p.grad.clone() for name, p in self.named_parameters()}
+
+
+def test_the_step_loss_is_the_mean_over_every_supervised_token_of_the_step(tmp_path):
+    """Two micro-batches with 10 and 3 supervised tokens: the gradient must weigh all 13 tokens
+    equally, not average two per-micro-batch means."""
+    config = dict(
+        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    module = RecordsGradients(config, lr=0.0, warmup_steps=0)
+    batches = []
+    for supervised in (10, 3):
+        ids = torch.randint(0, 32, (1, 12))
+        labels = torch.full((1, 12), -100)
+        labels[0, :supervised] = torch.randint(0, 32, (supervised,))
+        batches.append({"input_ids": ids, "labels": labels})
+    reference = LanguageModel(config)
+    reference.load_state_dict(module.state_dict())
+    total = sum(
+        F.cross_entropy(
+            reference(b["input_ids"]).flatten(0, 1), b["labels"].flatten(), reduction="sum"
+        )
+        for b in batches
+    )
+    (total / 13).backward()
+
+    trainer = Trainer(
+        max_steps=1, accumulate_grad_batches=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+
+    for name, parameter in reference.named_parameters():
+        assert torch.allclose(module.seen[name], parameter.grad, atol=1e-6), name
+    assert trainer.callback_metrics["train/loss"].item() == pytest.approx(total.item() / 13)
+
+
+def test_the_learning_rate_warms_up_linearly_then_follows_a_cosine():
+    def schedule(step):
+        return warmup_cosine(step, warmup_steps=10, total_steps=110, min_lr_ratio=0.1)
+
+    assert schedule(0) == pytest.approx(0.1)
+    assert schedule(9) == pytest.approx(1.0)
+    assert schedule(60) == pytest.approx(0.55)
+    assert schedule(110) == pytest.approx(0.1) == schedule(500)
+
+
+def test_byte_rows_are_shifted_pairs_and_the_splits_never_overlap():
+    data = ByteTextDataModule(str(SHAKESPEARE), seq_len=32, batch_size=4)
+    data.setup()
+    batch = next(iter(data.val_dataloader()))
+    assert batch["input_ids"].shape == batch["labels"].shape == (4, 32)
+    assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
+    text = ByteTokenizer().decode(batch["input_ids"][0].tolist())
+    assert text in SHAKESPEARE.read_text()
+    windows = {split: data.datasets[split].tokens for split in ("train", "val", "test")}
+    total = sum(len(tokens) for tokens in windows.values())
+    assert total == len(SHAKESPEARE.read_bytes()) + 1  # every byte once, plus end of text
+
+
+def test_the_byte_tokenizer_round_trips_any_text():
+    tokenizer = ByteTokenizer()
+    text = "Thou art — ἀγαθός! 🌹\n"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+    assert tokenizer.decode([*tokenizer.encode("end"), tokenizer.eos_token_id]) == "end"
+
+
+def test_a_vocabulary_larger_than_the_model_is_refused(tmp_path):
+    cfg = compose_config(tmp_path, [*FAST, *SMALL, "model.config.vocab_size=200"])
+    with pytest.raises(ValueError, match="vocab_size to at least 257"):
+        train(cfg)

@@ -1,0 +1,36 @@
+"""scripts/bench_lm.py in --quick mode: the report's format, never its timings."""
+
+import re
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from scripts.bench_lm import COLUMNS  # noqa: E402
+from scripts.bench_lm import main as bench_main  # noqa: E402
+
+
+def test_quick_benchmark_reports_every_model_and_precision_in_a_markdown_table(tmp_path):
+    output = tmp_path / "bench.md"
+    rows = bench_main(["--quick", "--output", str(output)])
+
+    assert [(row["model"].split()[0], row["precision"]) for row in rows] == [
+        ("dense", "fp32"),
+        ("dense", "bf16-mixed"),
+        ("hybrid", "fp32"),
+        ("hybrid", "bf16-mixed"),
+    ]
+    for row in rows:
+        assert re.fullmatch(r"[\d,]+", row["ours tok/s"]), row
+        assert re.fullmatch(r"[\d,]+", row["transformers tok/s"]), row
+        assert re.fullmatch(r"\d+\.\d\dx", row["speedup"]), row
+        assert re.fullmatch(r"\d+\.\d%", row["ours MFU"]), row
+        assert re.fullmatch(r"[\d.]+ s / [\d.]+ s", row["cold start ours / transformers"]), row
+    # Numerics are checked before timing: identical weights give the same fp32 logits.
+    assert all(float(row["max abs Δ logits"]) < 1e-5 for row in rows if row["precision"] == "fp32")
+
+    report = output.read_text()
+    assert report.startswith("Machine: ")
+    assert "Matmul peak: " in report and "`python scripts/bench_lm.py --quick" in report
+    assert "| " + " | ".join(COLUMNS) + " |" in report
+    assert len([line for line in report.splitlines() if line.startswith("| ")]) == 1 + len(rows)

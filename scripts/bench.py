@@ -31,16 +31,13 @@ os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from hydra import compose, initialize_config_dir  # noqa: E402
-from hydra.core.global_hydra import GlobalHydra  # noqa: E402
-from hydra.core.hydra_config import HydraConfig  # noqa: E402
-from omegaconf import open_dict  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 from torchvision.transforms import v2  # noqa: E402
 
 from src.data.image import TransformedDataset, precompute  # noqa: E402
 from src.models.cnn import CNN  # noqa: E402
 from src.models.simplenet import SimpleNet  # noqa: E402
+from src.utils.compose import compose_run_config  # noqa: E402
 from src.utils.peak_flops import cpu_name  # noqa: E402
 
 NETWORKS = {"simplenet": SimpleNet, "cnn": CNN}
@@ -90,7 +87,6 @@ def template_trainer(
     """train.py's own code path on the same data; steady steps/s from the Throughput callback."""
     from train import train
 
-    GlobalHydra.instance().clear()
     overrides = [
         f"model={'simplenet' if network == 'simplenet' else 'cnn'}",
         "data=tensors",
@@ -110,16 +106,8 @@ def template_trainer(
         f"callbacks.throughput.warmup_steps={warmup}",
         "test=false",
         "trainer.accelerator=cpu",
-        f"hydra.run.dir={run_dir}",
     ]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=overrides, return_hydra_config=True)
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(run_dir)
-        cfg.hydra.job.num = 0
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
+    cfg = compose_run_config(run_dir, overrides)
     metrics = train(cfg)["metrics"]
     return {
         "steps_per_s": metrics["perf/steps_per_s"],

@@ -7,14 +7,11 @@ import struct
 from pathlib import Path
 
 import numpy as np
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch import Callback
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
-ROOT = Path(__file__).resolve().parents[1]
-CONF_DIR = str(ROOT / "conf")
+from src.utils.compose import ROOT, compose_run_config
+
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
 # Keep in-process runs short and quiet: no progress bar, no model summary table.
@@ -27,28 +24,9 @@ FAST = [
 
 
 def compose_config(run_dir: Path, overrides: list[str], config_name: str = "train") -> DictConfig:
-    """Compose a config as `python train.py <overrides>` would, with its run dir at `run_dir`.
-
-    The Hydra runtime (output dir, overrides) is registered too, so `${hydra:...}` resolves and
-    the code under test sees the same HydraConfig as in a real run.
-    """
-    GlobalHydra.instance().clear()
-    # Left initialised (as inside a real app) so code under test can compose too; the autouse
-    # fixture in conftest.py clears it after each test.
-    initialize_config_dir(config_dir=CONF_DIR, version_base="1.3")
-    cfg = compose(
-        config_name=config_name,
-        overrides=[*overrides, f"hydra.run.dir={run_dir}"],
-        return_hydra_config=True,
-    )
-    with open_dict(cfg):
-        cfg.hydra.runtime.output_dir = str(run_dir)
-        cfg.hydra.job.num = 0
-    HydraConfig.instance().set_config(cfg)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return cfg
+    """Compose a config as `python train.py <overrides>` would, with its run dir at `run_dir`
+    (the autouse fixture in conftest.py clears Hydra after each test)."""
+    return compose_run_config(run_dir, overrides, config_name)
 
 
 def write_idx_images(path: Path, images: np.ndarray) -> None:

@@ -109,3 +109,20 @@ def test_keep_last_n_periodic_checkpoints(tmp_path):
     periodic = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*.ckpt"))
     assert periodic == ["step_00000016.ckpt", "step_00000020.ckpt"]
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+class PoisonGradient(Callback):
+    """An Inf gradient with a finite loss, as a sqrt(0) in backward would produce."""
+
+    def on_after_backward(self, trainer, pl_module):
+        if trainer.global_step == 3:
+            pl_module.net.fc2.bias.grad[0] = float("inf")
+
+
+def test_a_non_finite_gradient_is_caught_before_the_step_naming_the_parameter(tmp_path):
+    cfg = compose_config(
+        tmp_path,
+        [*FAST, "+callbacks.poison._target_=tests.test_reliability.PoisonGradient"],
+    )
+    with pytest.raises(NonFiniteError, match="step 3.*gradient of net.fc2.bias"):
+        train(cfg)

@@ -105,3 +105,30 @@ def test_ddp_killed_mid_epoch_resumes_exactly(tmp_path):
     assert_same_tensors(
         final_weights(tmp_path / "uninterrupted"), final_weights(tmp_path / "resumed"), "weights"
     )
+
+
+@pytest.mark.slow
+def test_torchrun_launches_the_same_ddp_run(tmp_path):
+    torchrun = ROOT / ".venv" / "bin" / "torchrun"
+    if not torchrun.exists():
+        pytest.skip("torchrun not found in .venv")
+    result = subprocess.run(
+        [
+            str(torchrun),
+            "--nproc_per_node=2",
+            str(ROOT / "train.py"),
+            *COMMON,
+            "trainer=ddp_cpu",
+            "data.batch_size=32",
+            f"hydra.run.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        start_new_session=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "metrics.json").exists() and (
+        tmp_path / "checkpoints" / "last.ckpt"
+    ).exists()

@@ -106,7 +106,7 @@ class Compile(Callback):
         if compile_time := self.compile_time():
             metrics["perf/compile_time_s"] = compile_time
         for key, value in metrics.items():
-            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True)
+            pl_module.log(key, value, on_step=False, on_epoch=True, rank_zero_only=True)
 
     def compile_time(self) -> float | None:
         """First step minus a steady step, in seconds; None until enough steps ran."""

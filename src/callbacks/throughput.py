@@ -115,8 +115,9 @@ class Throughput(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         for key, value in self.summary(trainer.world_size).items():
-            # Per-device figures, averaged over ranks once per epoch.
-            pl_module.log(key, value, on_step=False, on_epoch=True, sync_dist=True)
+            # Rank 0's per-device figures. No collective: ranks may hold different sets of keys
+            # (e.g. one has no FLOP count yet), and mismatched all-reduces would hang.
+            pl_module.log(key, value, on_step=False, on_epoch=True, rank_zero_only=True)
 
     # -- results -----------------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from src.utils.checkpoint_io import load_checkpoint  # noqa: E402
 from src.utils.config_checks import check_config_types  # noqa: E402
 from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
 from src.utils.run import build_trainer, run_overrides  # noqa: E402
-from src.utils.run_files import log_summary, write_metrics  # noqa: E402
+from src.utils.run_files import finish_run  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -79,16 +79,13 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     trainer = build_trainer(cfg)
     trainer.test(model, datamodule=datamodule, ckpt_path=str(ckpt_path))
 
-    record = {}
-    if trainer.is_global_zero:
-        record = write_metrics(
-            cfg.paths.output_dir,
-            trainer.callback_metrics,
-            ckpt_path=str(ckpt_path.resolve()),
-            wall_time_s=round(time.perf_counter() - start, 3),
-        )
-        log_summary(record, cfg.paths.output_dir)
-    return record
+    return finish_run(
+        trainer,
+        cfg.paths.output_dir,
+        trainer.callback_metrics,
+        start,
+        ckpt_path=str(ckpt_path.resolve()),
+    )
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")

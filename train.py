@@ -20,7 +20,7 @@ from omegaconf import DictConfig  # noqa: E402
 from src.utils.config_checks import check_config_types  # noqa: E402
 from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
 from src.utils.run import build_trainer, check_launch, plain_config, run_overrides  # noqa: E402
-from src.utils.run_files import log_summary, write_metrics  # noqa: E402
+from src.utils.run_files import finish_run  # noqa: E402
 from src.utils.weights import check_checkpoint_fits  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -67,17 +67,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.test(model, datamodule=datamodule, ckpt_path=best_path or None)
         metrics.update(trainer.callback_metrics)
 
-    record = {}
-    if trainer.is_global_zero:
-        record = write_metrics(
-            cfg.paths.output_dir,
-            metrics,
-            best_model_path=best_path or None,
-            wall_time_s=round(time.perf_counter() - start, 3),
-            preempted=preempted,
-        )
-        log_summary(record, cfg.paths.output_dir)
-    return record
+    return finish_run(
+        trainer,
+        cfg.paths.output_dir,
+        metrics,
+        start,
+        best_model_path=best_path or None,
+        preempted=preempted,
+    )
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")

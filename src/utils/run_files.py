@@ -3,6 +3,7 @@
 import json
 import logging
 import math
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,19 @@ def write_metrics(
     path = Path(output_dir) / METRICS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=2) + "\n")
+    return record
+
+
+def finish_run(
+    trainer: Any, output_dir: str | Path, metrics: Mapping[str, Any], start: float, **extra: Any
+) -> dict[str, Any]:
+    """On rank 0: write metrics.json (with the wall time since `start`) and print the summary.
+    Other ranks write nothing and get an empty record."""
+    if not trainer.is_global_zero:
+        return {}
+    wall_time_s = round(time.perf_counter() - start, 3)
+    record = write_metrics(output_dir, metrics, **extra, wall_time_s=wall_time_s)
+    log_summary(record, output_dir)
     return record
 
 

@@ -5,7 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install train test test-slow test-all bench lint format clean clean-logs
+.PHONY: help install check-env kernel tensorboard train test test-slow test-all bench lint format \
+	clean clean-logs
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -17,6 +18,15 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 install: $(STAMP) ## Create .venv/ and install the project (editable) with its dev extra
+
+check-env: $(STAMP) ## Print versions, GPUs, CPU bf16 support and the trainer/precision to use
+	$(PY) scripts/check_env.py
+
+kernel: $(STAMP) ## Register .venv as the Jupyter kernel "Python (PyTorch template)"
+	$(PY) -m ipykernel install --user --name pytorch-template --display-name "Python (PyTorch template)"
+
+tensorboard: $(STAMP) ## Browse the runs under logs/ in TensorBoard (ARGS="--port 6007")
+	$(PY) -m tensorboard.main --logdir logs $(ARGS)
 
 train: $(STAMP) ## Train the default model on the embedded dataset (ARGS="model=cnn ...")
 	$(PY) train.py $(ARGS)

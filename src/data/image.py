@@ -6,14 +6,20 @@ from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
+from PIL import Image
 from torch.utils.data import Dataset, Subset, TensorDataset, random_split
 from torchdata.stateful_dataloader import StatefulDataLoader
+from torchvision import transforms as v1
+from torchvision.transforms import v2
+from torchvision.transforms.v2.functional import pil_to_tensor
 
 from src.data.sampler import resumable_sampler
 from src.utils.errors import ConfigError, DataError
 
 Transform = Callable[[Any], torch.Tensor]
 SPLITS = ("train", "val", "test")
+# Steps that turn decoded image files (PIL images) into tensors.
+PIL_TO_TENSOR = (v2.ToImage, v2.PILToTensor, v1.PILToTensor, v1.ToTensor)
 
 
 class TransformedDataset(Dataset):
@@ -80,6 +86,8 @@ class ImageDataModule(LightningDataModule, ABC):
       sample every epoch: that is where random augmentation goes.
     - `input_shape` and `num_classes` are what models read through config interpolation; they
       are checked against the data at set-up so a wrong value fails with a clear message.
+    - `class_names` are the names behind the label indices when the data has them (the folder
+      names of `ImageFolder` data); checkpoints keep them, for predictions (`predict.py`).
     - Batches come from a `DistributedSampler` in every run, with one process or many: each
       epoch's order is a permutation seeded by `shuffle_seed` + epoch, and the ranks of a DDP
       run take interleaved slices of it, so 2 processes with batch B see exactly the batches
@@ -120,6 +128,7 @@ class ImageDataModule(LightningDataModule, ABC):
         self.split_seed = split_seed
         self.shuffle_seed = shuffle_seed
         self.datasets: dict[str, Dataset] = {}
+        self.class_names: list[str] | None = None
 
     @abstractmethod
     def load_splits(self) -> dict[str, Dataset]:
@@ -129,6 +138,7 @@ class ImageDataModule(LightningDataModule, ABC):
         if self.datasets:
             return
         raw = self.load_splits()
+        self.class_names = _class_names(raw["train"])
         for split in SPLITS:
             per_sample = split == "train" and self.train_transform is not None
             transform = self.train_transform if per_sample else self.transform
@@ -137,6 +147,33 @@ class ImageDataModule(LightningDataModule, ABC):
             else:
                 self.datasets[split] = precompute(raw[split], transform)
         self._check_matches_config()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What checkpoints keep of the datamodule: the class names, when known."""
+        return {"class_names": self.class_names} if self.class_names else {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.class_names = state_dict.get("class_names", self.class_names)
+
+    def preprocess(self, image: Image.Image) -> torch.Tensor:
+        """One decoded image file as a model input, prepared as the test split's images are.
+
+        A `transform` that converts PIL images itself (as `ImageFolder` data's does) gets the
+        image as it is. The others were written for tensors of `input_shape` in [0, 1], so the
+        image is first converted to as many channels, resized and scaled to match.
+        """
+        if len(self.input_shape) != 3 or self.input_shape[0] not in (1, 3):
+            raise ConfigError(
+                f"Only images can be preprocessed: data.input_shape is {self.input_shape}, not "
+                f"[channels, height, width] with 1 (grey-scale) or 3 (RGB) channels."
+            )
+        channels, height, width = self.input_shape
+        image = image.convert("L" if channels == 1 else "RGB")
+        transform = self.transform or _identity
+        steps = getattr(transform, "transforms", [transform])
+        if not any(isinstance(step, PIL_TO_TENSOR) for step in steps):
+            image = pil_to_tensor(image.resize((width, height), Image.Resampling.BILINEAR)) / 255
+        return transform(image)
 
     def train_dataloader(self) -> StatefulDataLoader:
         return self._loader("train", self.batch_size, shuffle=True)
@@ -185,6 +222,14 @@ class ImageDataModule(LightningDataModule, ABC):
 
 def _identity(image: Any) -> Any:
     return image
+
+
+def _class_names(dataset: Dataset) -> list[str] | None:
+    """The names of the label indices, as torchvision's folder datasets give them, else None."""
+    while isinstance(dataset, Subset):
+        dataset = dataset.dataset
+    classes = getattr(dataset, "classes", None)
+    return [str(name) for name in classes] if classes else None
 
 
 def _labels(dataset: Dataset) -> list[int]:

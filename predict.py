@@ -1,0 +1,122 @@
+"""Classify images with a checkpoint: `python predict.py ckpt_path=<.ckpt> input=<image or folder>`.
+
+The model and its preprocessing are rebuilt from the run config stored in the checkpoint, so each
+image is prepared as the test split's images were (e.g. grey-scale, resized to the training size,
+normalised). Prints the `top_k` classes of each image; for a folder, also writes them to
+`predictions.csv` in the run directory.
+"""
+
+import csv
+import os
+from pathlib import Path
+
+os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
+
+import hydra  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch import LightningModule  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+from PIL import Image, UnidentifiedImageError  # noqa: E402
+from torchvision.datasets.folder import IMG_EXTENSIONS  # noqa: E402
+
+from src.data.image import ImageDataModule  # noqa: E402
+from src.utils.checkpoint_model import load_trained  # noqa: E402
+from src.utils.errors import ConfigError, DataError, MissingFileError, exit_on_user_error  # noqa: E402
+
+Prediction = tuple[Path, list[tuple[str, float]]]  # an image, its top-k (label, probability)
+
+
+def image_paths(input_path: Path) -> list[Path]:
+    """The image file itself, or every image file under the folder (recursively), sorted."""
+    if input_path.is_file():
+        return [input_path]
+    if not input_path.is_dir():
+        raise MissingFileError(
+            f"input={str(input_path)!r} does not exist. Pass an image file or a folder of images."
+        )
+    paths = sorted(
+        path
+        for path in input_path.rglob("*")
+        if path.is_file() and path.suffix.lower() in IMG_EXTENSIONS
+    )
+    if not paths:
+        raise MissingFileError(
+            f"input={str(input_path)!r} holds no images ({', '.join(IMG_EXTENSIONS)})."
+        )
+    return paths
+
+
+def read_image(path: Path) -> Image.Image:
+    """The decoded image, or a DataError naming the file that is not one."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            return image
+    except (UnidentifiedImageError, OSError) as error:
+        raise DataError(f"{path} is not a readable image ({error}).") from None
+
+
+def top_k(
+    model: LightningModule, datamodule: ImageDataModule, paths: list[Path], k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Probabilities and class indices [len(paths), k] of each image's k most likely classes."""
+    inputs = torch.stack([datamodule.preprocess(read_image(path)) for path in paths])
+    with torch.inference_mode():
+        probabilities = model(inputs).softmax(dim=1)
+    return probabilities.topk(min(k, probabilities.shape[1]), dim=1)
+
+
+def predict(cfg: DictConfig) -> list[Prediction]:
+    """The top-k predictions for every image of `cfg.input`, batch by batch."""
+    if cfg.top_k < 1:
+        raise ConfigError(f"top_k must be a positive integer, got {cfg.top_k}.")
+    paths = image_paths(Path(cfg.input))
+    model, datamodule = load_trained(cfg.ckpt_path)
+    if not isinstance(datamodule, ImageDataModule):
+        raise ConfigError(
+            f"predict.py classifies images, but {cfg.ckpt_path} was trained on "
+            f"{type(datamodule).__name__} data."
+        )
+    names = datamodule.class_names or [str(index) for index in range(datamodule.num_classes)]
+    predictions = []
+    for start in range(0, len(paths), datamodule.eval_batch_size):
+        batch = paths[start : start + datamodule.eval_batch_size]
+        probabilities, indices = top_k(model, datamodule, batch, cfg.top_k)
+        for path, row, classes in zip(batch, probabilities.tolist(), indices.tolist(), strict=True):
+            predictions.append((path, [(names[i], p) for i, p in zip(classes, row, strict=True)]))
+    return predictions
+
+
+def write_csv(predictions: list[Prediction], path: Path) -> None:
+    """One row per image: path, then label_i and probability_i for i = 1..k."""
+    header = ["path"]
+    for rank in range(1, len(predictions[0][1]) + 1):
+        header += [f"label_{rank}", f"probability_{rank}"]
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(header)
+        for image, ranked in predictions:
+            cells = [str(image)]
+            for label, probability in ranked:
+                cells += [label, f"{probability:.6f}"]
+            writer.writerow(cells)
+
+
+def report(predictions: list[Prediction], input_path: Path, output_dir: Path) -> None:
+    """Print each image's top-k; for a folder, also write them to `output_dir`/predictions.csv."""
+    for image, ranked in predictions:
+        print(f"{image}: " + ", ".join(f"{label} ({p:.3f})" for label, p in ranked))
+    if input_path.is_dir():
+        csv_path = output_dir / "predictions.csv"
+        write_csv(predictions, csv_path)
+        print(f"Predictions written to {csv_path}")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="predict")
+@exit_on_user_error
+def main(cfg: DictConfig) -> None:
+    report(predict(cfg), Path(cfg.input), Path(cfg.paths.output_dir))
+
+
+if __name__ == "__main__":
+    main()

@@ -141,7 +141,7 @@ def test_the_step_loss_is_the_mean_over_every_supervised_token_of_the_step(tmp_p
 
 def test_the_learning_rate_warms_up_linearly_then_follows_a_cosine():
     def schedule(step):
-        return warmup_cosine(step, warmup_steps=10, total_steps=110, min_lr_ratio=0.1)
+        return warmup_cosine(step, warmup_steps=10, total_steps=lambda: 110, min_lr_ratio=0.1)
 
     assert schedule(0) == pytest.approx(0.1)
     assert schedule(9) == pytest.approx(1.0)

@@ -29,19 +29,26 @@ def batch_counts(batch: Any) -> dict[str, Any]:
     """Samples, and for text batches token slots, real (non-padding) and supervised tokens.
 
     Image batches are `(inputs, targets)`; text batches are dicts with `input_ids`, optionally
-    `attention_mask` (1 = real token) and `labels` (-100 = not supervised). Token counts stay
+    `document_lengths` (the packed rows' documents; their sum is the real tokens) or
+    `attention_mask` (1 = real token), and `labels` (-100 = not supervised). Token counts stay
     tensors so that counting never waits for the device.
     """
     if isinstance(batch, dict) and "input_ids" in batch:
         input_ids = batch["input_ids"]
-        mask = batch.get("attention_mask")
         labels = batch.get("labels")
-        return {
+        counts = {
             "samples": int(input_ids.shape[0]),
             "tokens": int(input_ids.numel()),
-            "real_tokens": mask.sum() if mask is not None else int(input_ids.numel()),
+            "real_tokens": int(input_ids.numel()),
             "supervised_tokens": (labels != -100).sum() if labels is not None else None,
         }
+        if "document_lengths" in batch:
+            lengths = batch["document_lengths"]
+            counts["real_tokens"] = lengths.sum()
+            counts["documents"] = (lengths > 0).sum()
+        elif "attention_mask" in batch:
+            counts["real_tokens"] = batch["attention_mask"].sum()
+        return counts
     first = batch[0] if isinstance(batch, list | tuple) else batch
     return {"samples": int(first.shape[0])}
 
@@ -69,6 +76,7 @@ class Throughput(Callback):
         self._data_wait = 0.0
         self.time_to_first_step: float | None = None
         self.effective_batch: dict[str, int] = {}
+        self.batches_per_step = 1  # micro-batches x devices per optimizer step
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -131,6 +139,11 @@ class Throughput(Callback):
             metrics["perf/step_time_p90_ms"] = 1e3 * ordered[int(0.9 * (len(ordered) - 1))]
         if self.time_to_first_step is not None:
             metrics["perf/time_to_first_step_s"] = self.time_to_first_step
+        if "perf/real_tokens_per_batch" in metrics and self.effective_batch:
+            # Real (non-padding) tokens per optimizer step, over every device and micro-batch.
+            metrics["perf/effective_batch_real_tokens"] = (
+                metrics["perf/real_tokens_per_batch"] * self.batches_per_step
+            )
         return {**metrics, **self.effective_batch}
 
     def _log_effective_batch(
@@ -146,6 +159,7 @@ class Throughput(Callback):
         if "tokens" in counts:
             message += f", {counts['tokens'] * per_step} token slots"
         rank_zero_info(message)
+        self.batches_per_step = per_step
         self.effective_batch["perf/effective_batch_samples"] = counts["samples"] * per_step
         if "tokens" in counts:
             self.effective_batch["perf/effective_batch_tokens"] = counts["tokens"] * per_step
@@ -160,7 +174,8 @@ class _Totals:
         self.tokens = 0
         self.real_tokens: Any = 0
         self.supervised_tokens: Any = 0
-        self.has_tokens = self.has_supervised = False
+        self.documents: Any = 0
+        self.has_tokens = self.has_supervised = self.has_documents = False
         self.step_time = 0.0
         self.data_wait = 0.0
 
@@ -176,6 +191,9 @@ class _Totals:
             if counts["supervised_tokens"] is not None:
                 self.has_supervised = True
                 self.supervised_tokens = self.supervised_tokens + counts["supervised_tokens"]
+            if "documents" in counts:
+                self.has_documents = True
+                self.documents = self.documents + counts["documents"]
 
     def rates(
         self, flops_per_batch: float | None, peak: float | None, world_size: int
@@ -196,8 +214,11 @@ class _Totals:
             metrics["perf/tokens_per_s"] = self.tokens / elapsed
             metrics["perf/real_tokens_per_s"] = real / elapsed
             metrics["perf/padding_fraction"] = 1.0 - real / self.tokens
+            metrics["perf/real_tokens_per_batch"] = real / self.batches
             if self.has_supervised:
                 metrics["perf/supervised_tokens_per_s"] = float(self.supervised_tokens) / elapsed
+            if self.has_documents:
+                metrics["perf/documents_per_row"] = float(self.documents) / self.samples
         if flops_per_batch:
             flops_per_s = flops_per_batch * self.batches / elapsed
             metrics["perf/flops_per_s"] = flops_per_s

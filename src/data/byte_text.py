@@ -8,21 +8,8 @@ from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.sampler import resumable_sampler
+from src.data.tokenizers import ByteTokenizer
 from src.utils.errors import ConfigError, DataError, MissingFileError
-
-
-class ByteTokenizer:
-    """Token ids 0-255 are UTF-8 bytes and 256 ends a document, so any text round-trips."""
-
-    vocab_size = 257
-    eos_token_id = 256
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        """Bytes back to text; special ids are dropped and broken UTF-8 shows as U+FFFD."""
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
 class TokenWindows(Dataset):

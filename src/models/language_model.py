@@ -1,6 +1,7 @@
 """The LightningModule that trains a QwenLM on next-token prediction."""
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -8,12 +9,16 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import nn
-from torchmetrics import SumMetric
+from torchmetrics import MaxMetric, SumMetric
 
+from src.models.exact_match import count_exact_matches
 from src.models.qwen import QwenConfig, QwenLM
 from src.utils.errors import ConfigError
 
 IGNORE_INDEX = -100
+# Summed over a validation or test split: token losses, supervised tokens, tokens predicted
+# right (argmax), and for SFT data the prompts answered exactly and the prompts asked.
+EVAL_SUMS = ("loss", "tokens", "correct", "exact", "prompts")
 
 
 class LanguageModel(LightningModule):
@@ -61,8 +66,11 @@ class LanguageModel(LightningModule):
         self.net = QwenLM(qwen_config)
         if pretrained:
             self.net.load_hf_weights(pretrained)
-        self.eval_loss_sums = nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
-        self.eval_token_counts = nn.ModuleDict({s: SumMetric() for s in ("val", "test")})
+        self.eval_sums = nn.ModuleDict(
+            {stage: nn.ModuleDict({n: SumMetric() for n in EVAL_SUMS}) for stage in ("val", "test")}
+        )
+        self.val_acc_best = MaxMetric()
+        self._total_steps: float | None = None
         self._reset_step()
 
     def forward(self, input_ids, position_ids=None, cu_seqlens=None) -> torch.Tensor:
@@ -77,7 +85,7 @@ class LanguageModel(LightningModule):
             )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss_sum, tokens = self._summed_loss(batch)
+        _, loss_sum, tokens = self._summed_loss(batch)
         if self._step_normaliser is None:
             self._step_normaliser = batch["labels"].numel()
         self._step_loss_sum = self._step_loss_sum + loss_sum.detach()
@@ -123,7 +131,7 @@ class LanguageModel(LightningModule):
         schedule = partial(
             warmup_cosine,
             warmup_steps=hp.warmup_steps,
-            total_steps=self.trainer.estimated_stepping_batches,
+            total_steps=self.total_steps,
             min_lr_ratio=hp.min_lr_ratio,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
@@ -132,8 +140,16 @@ class LanguageModel(LightningModule):
             "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
         }
 
-    def _summed_loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(sum of the token losses, number of supervised tokens) of one batch."""
+    def total_steps(self) -> float:
+        """The run's optimizer steps, asked of the Trainer only once training has begun: asking
+        in `configure_optimizers` would drop the resumed data loader's position (Lightning
+        #20550, in epoch-based runs). Infinite when neither max_steps nor max_epochs is set."""
+        if self._total_steps is None:
+            self._total_steps = float(self.trainer.estimated_stepping_batches)
+        return self._total_steps
+
+    def _summed_loss(self, batch: dict[str, torch.Tensor]):
+        """(logits, sum of the token losses, number of supervised tokens) of one batch."""
         logits = self(batch["input_ids"], batch.get("position_ids"), batch.get("cu_seqlens"))
         labels = batch["labels"]
         loss_sum = F.cross_entropy(
@@ -142,22 +158,46 @@ class LanguageModel(LightningModule):
             ignore_index=IGNORE_INDEX,
             reduction="sum",
         )
-        return loss_sum, (labels != IGNORE_INDEX).sum()
+        return logits, loss_sum, (labels != IGNORE_INDEX).sum()
 
     def _accumulate_eval(self, stage: str, batch: dict[str, torch.Tensor]) -> None:
-        loss_sum, tokens = self._summed_loss(batch)
-        self.eval_loss_sums[stage].update(loss_sum)
-        self.eval_token_counts[stage].update(tokens)
+        logits, loss_sum, tokens = self._summed_loss(batch)
+        sums = self.eval_sums[stage]
+        sums["loss"].update(loss_sum)
+        sums["tokens"].update(tokens)
+        sums["correct"].update((logits.argmax(-1) == batch["labels"]).sum())
 
     def _log_eval(self, stage: str) -> None:
-        """Loss per supervised token over the whole split, and its perplexity."""
-        loss = self.eval_loss_sums[stage].compute() / self.eval_token_counts[
-            stage
-        ].compute().clamp_min(1)
+        """Loss per supervised token over the whole split, its perplexity, next-token accuracy
+        and, for SFT data, the exact-match accuracy of greedy answers."""
+        sums = self.eval_sums[stage]
+        tokens = sums["tokens"].compute().clamp_min(1)
+        loss = sums["loss"].compute() / tokens
+        accuracy = sums["correct"].compute() / tokens
         self.log(f"{stage}/loss", loss, prog_bar=stage == "val")
-        self.log(f"{stage}/ppl", loss.exp(), prog_bar=stage == "val")
-        self.eval_loss_sums[stage].reset()
-        self.eval_token_counts[stage].reset()
+        self.log(f"{stage}/ppl", loss.exp())
+        self.log(f"{stage}/acc", accuracy)
+        if stage == "val" and not self.trainer.sanity_checking:
+            self.val_acc_best(accuracy)
+            self.log("val/acc_best", self.val_acc_best.compute())
+        if self._count_exact_matches(stage):
+            exact = sums["exact"].compute() / sums["prompts"].compute().clamp_min(1)
+            self.log(f"{stage}/exact_match", exact, prog_bar=stage == "val")
+        for metric in sums.values():
+            metric.reset()
+
+    def _count_exact_matches(self, stage: str) -> bool:
+        """Answer this rank's share of the datamodule's exact-match prompts greedily (SFT data
+        provides them; not during the sanity check). False when there are none."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if self.trainer.sanity_checking or not hasattr(datamodule, "exact_match_examples"):
+            return False
+        examples = datamodule.exact_match_examples(stage)
+        mine = examples[self.global_rank :: self.trainer.world_size]
+        correct = count_exact_matches(self.net, datamodule.tokenizer, mine)
+        self.eval_sums[stage]["exact"].update(torch.tensor(float(correct), device=self.device))
+        self.eval_sums[stage]["prompts"].update(torch.tensor(float(len(mine)), device=self.device))
+        return bool(examples)
 
     def _reset_step(self) -> None:
         self._step_normaliser: int | None = None
@@ -165,9 +205,14 @@ class LanguageModel(LightningModule):
         self._step_tokens: torch.Tensor | int = 0
 
 
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
-    """Learning-rate multiplier: linear from 1/warmup_steps to 1, then a cosine to min_lr_ratio."""
+def warmup_cosine(
+    step: int, warmup_steps: int, total_steps: Callable[[], float], min_lr_ratio: float
+) -> float:
+    """Learning-rate multiplier: linear from 1/warmup_steps to 1, then a cosine to min_lr_ratio
+    at `total_steps()` (called only after the warmup)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if step == warmup_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps() - warmup_steps))
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))

@@ -11,8 +11,9 @@ import errno
 import os
 import pickle
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
@@ -22,6 +23,14 @@ from src.utils.errors import CheckpointError, MissingFileError
 
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
     """torch.save to a temporary file in the same folder, fsync, rename over `path`."""
+    write_atomically(path, lambda file: torch.save(checkpoint, file), what="checkpoint")
+
+
+def write_atomically(
+    path: str | Path, write: Callable[[BinaryIO], None] | bytes, what: str = "file"
+) -> None:
+    """Write `path` through a temporary file in the same folder, fsync, rename: readers see the
+    previous content or the new one, never a part. `write` is the bytes or fills the file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed mid-save
@@ -29,7 +38,10 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with temporary.open("wb") as file:
-            torch.save(checkpoint, file)
+            if isinstance(write, bytes):
+                file.write(write)
+            else:
+                write(file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, path)
@@ -37,7 +49,7 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
         temporary.unlink(missing_ok=True)
         if isinstance(error, OSError) and error.errno == errno.ENOSPC:
             raise CheckpointError(
-                f"No space left on the device while writing {path}; the previous checkpoint "
+                f"No space left on the device while writing {path}; the previous {what} "
                 f"there (if any) is intact. Free space or point the run elsewhere "
                 f"(hydra.run.dir=...)."
             ) from error

@@ -88,20 +88,24 @@ def chunk_gated_delta_rule(
     q, k = blocks(q, key_heads), blocks(k, key_heads)  # [B, H_k, 1, N, C, d_k]
     v = blocks(v, key_heads)  # [B, H_k, H / H_k, N, C, d_v]
     g, beta = blocks(g, key_heads), blocks(beta, key_heads)  # [B, H_k, H / H_k, N, C]
-    gamma = g.cumsum(-1)
     tril = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
     connected = tril  # [.., C, C]: token s can reach token t inside the block
+    gamma = g.cumsum(-1)
     if starts is not None:
         segment = blocks(starts[..., None], 1).cumsum(-1)  # documents begun in the block so far
         connected = tril & (segment[..., :, None] == segment[..., None, :])
+        # The cumulative decay restarts with each document: summed over its own tokens only
+        # (the others times an exact 0), so no document's result depends on another's values.
+        gamma = (connected.to(g.dtype) @ g[..., None]).squeeze(-1)
 
     log_decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~connected, -torch.inf)
     decay = _exp_decay(log_decay)  # D [.., N, C, C]
     state_decay = _exp_decay(gamma)  # exp(gamma_t) [.., N, C]
-    to_last = _exp_decay(gamma[..., -1:] - gamma)  # exp(gamma_last - gamma_t)
+    to_last = gamma[..., -1:] - gamma  # log of exp(gamma_last - gamma_t)
     if starts is not None:
         state_decay = state_decay * (segment == 0)  # still the incoming state's document
-        to_last = to_last * connected[..., -1, :]  # the block's last document
+        to_last = to_last.masked_fill(~connected[..., -1, :], -torch.inf)  # the last document
+    to_last = _exp_decay(to_last)
 
     k_beta = k * beta[..., None]
     system = (k @ k.transpose(-1, -2)) * beta[..., None] * decay  # its strict lower part is read

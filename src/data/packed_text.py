@@ -1,0 +1,222 @@
+"""What the text datamodules share: split by document, tokenise (cached), fit the over-long
+samples, pack or pad, and serve resumable batches whose metadata `collate_rows` derives.
+
+Subclasses say where the samples come from: `load_documents()` returns the raw documents,
+`tokenize(document)` turns one into a `Sample`, `document_text(document)` gives its text (to
+train a BPE tokenizer on) and `source_fingerprint()` identifies the source for the cache.
+"""
+
+import logging
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from src.data.collate import collate_rows
+from src.data.packing import Sample, TokenAccounting, fit_to_length, pack
+from src.data.sampler import resumable_sampler
+from src.data.token_cache import cache_key, cached_samples
+from src.data.tokenizers import build_tokenizer
+from src.utils.errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
+
+SPLITS = ("train", "val", "test")
+
+
+class RowDataset(Dataset):
+    """Item i is row i: the list of samples that share it (one sample when not packing)."""
+
+    def __init__(self, samples: list[Sample], rows: list[list[int]]):
+        self.samples = samples
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> list[Sample]:
+        return [self.samples[i] for i in self.rows[index]]
+
+
+class PackedTextDataModule(LightningDataModule):
+    """Token batches for `LanguageModel`, packed (`packing=true`) or padded, from the same samples.
+
+    Packed: best-fit-decreasing (or order-preserving `greedy`) rows of exactly `max_seq_len`
+    tokens, `batch_size` rows per batch. Padded: one sample per row, `batch_size` samples per
+    batch, padded to the batch's longest (a multiple of `pad_to_multiple_of`). Either way each
+    sample keeps its own positions, attention and loss (see `src.data.collate`). Samples longer
+    than `max_seq_len` follow `overlong` (truncate, drop, split or raise).
+
+    Documents are split into train/val/test at random by `split_seed`, so the split does not
+    change with the training seed; rows are shuffled each epoch by `shuffle_seed` + epoch, and
+    sharded evenly across DDP ranks.
+    """
+
+    default_overlong = "truncate"
+
+    def __init__(
+        self,
+        max_seq_len: int = 256,
+        packing: bool = True,
+        packing_strategy: str = "best_fit",
+        overlong: str | None = None,
+        batch_size: int = 16,
+        eval_batch_size: int | None = None,
+        pad_to_multiple_of: int = 8,
+        tokenizer: dict[str, Any] | None = None,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        split_seed: int = 1234,
+        shuffle_seed: int | None = None,
+        num_workers: int = 0,
+        cache_dir: str | None = None,
+    ):
+        super().__init__()
+        if max_seq_len < 2 or batch_size < 1:
+            raise ConfigError(
+                f"data.max_seq_len must be at least 2 and data.batch_size positive, got "
+                f"{max_seq_len} and {batch_size}"
+            )
+        if not (val_fraction > 0 and test_fraction >= 0 and val_fraction + test_fraction < 1):
+            raise ConfigError(
+                "data.val_fraction must be positive, data.test_fraction non-negative, and both "
+                f"leave documents for training; got {val_fraction} and {test_fraction}"
+            )
+        self.max_seq_len = max_seq_len
+        self.packing = packing
+        self.packing_strategy = packing_strategy
+        self.overlong = overlong or self.default_overlong
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.tokenizer_options = dict(tokenizer or {})
+        self.fractions = {"val": val_fraction, "test": test_fraction}
+        self.split_seed = split_seed
+        self.shuffle_seed = shuffle_seed
+        self.num_workers = num_workers
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.tokenizer = None
+        self.datasets: dict[str, RowDataset] = {}
+        self.accounting: dict[str, TokenAccounting] = {}
+
+    # -- what subclasses provide -------------------------------------------------------------
+
+    def load_documents(self) -> list[Any]:
+        raise NotImplementedError
+
+    def tokenize(self, document: Any) -> Sample:
+        raise NotImplementedError
+
+    def document_text(self, document: Any) -> str:
+        raise NotImplementedError
+
+    def source_fingerprint(self) -> str:
+        raise NotImplementedError
+
+    # -- setup -------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        if self.tokenizer is None:
+            self.setup()
+        return self.tokenizer.vocab_size
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        documents = self.load_documents()
+        split_of = self.split_documents(len(documents))
+        source = self.source_fingerprint()
+        self.tokenizer = build_tokenizer(
+            **self.tokenizer_options,
+            training_texts=lambda: (
+                self.document_text(documents[i]) for i in split_of["train"].tolist()
+            ),
+            cache_dir=self.cache_dir,
+            cache_key=f"{source}|{self.split_seed}|{self.fractions}",
+        )
+        samples = cached_samples(
+            self.cache_dir,
+            cache_key(source, self.tokenizer.fingerprint),
+            lambda: [self.tokenize(document) for document in documents],
+        )
+        for split in SPLITS:
+            chosen = [samples[i] for i in split_of[split].tolist()]
+            fitted, self.accounting[split] = fit_to_length(
+                chosen, self.max_seq_len, self.overlong, what=f"The {split} sample"
+            )
+            if split != "test" and not fitted:
+                raise DataError(
+                    f"The {split} split has no samples left ({len(chosen)} before applying "
+                    f"overlong={self.overlong!r}); add documents or raise data.val_fraction"
+                )
+            self.datasets[split] = RowDataset(fitted, self.rows_of(fitted))
+        self._log_summary()
+
+    def split_documents(self, count: int) -> dict[str, torch.Tensor]:
+        """Document indices of each split: a permutation by `split_seed`, cut by the fractions."""
+        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.split_seed))
+        val = max(1, round(count * self.fractions["val"]))
+        test = round(count * self.fractions["test"])
+        if count - val - test < 1:
+            raise DataError(
+                f"{count} documents are too few for a train/val/test split with fractions "
+                f"{self.fractions}; add text or change data.document_split"
+            )
+        return {
+            "val": order[:val].sort().values,
+            "test": order[val : val + test].sort().values,
+            "train": order[val + test :].sort().values,
+        }
+
+    def rows_of(self, samples: list[Sample]) -> list[list[int]]:
+        if not self.packing:
+            return [[i] for i in range(len(samples))]
+        return pack([len(s) for s in samples], self.max_seq_len, self.packing_strategy)
+
+    def _log_summary(self) -> None:
+        for split, dataset in self.datasets.items():
+            accounting = self.accounting[split]
+            log.info(
+                "%s: %d samples in %d rows (%d tokens kept, %d truncated, %d dropped)",
+                split,
+                len(dataset.samples),
+                len(dataset),
+                accounting.kept,
+                accounting.truncated,
+                accounting.dropped,
+            )
+
+    # -- loaders -----------------------------------------------------------------------------
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        return self._loader("train", self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> StatefulDataLoader:
+        return self._loader("val", self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> StatefulDataLoader:
+        return self._loader("test", self.eval_batch_size, shuffle=False)
+
+    def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
+        # Its position and shuffle order go into checkpoints, so a resumed run continues exactly.
+        dataset = self.datasets[split]
+        sampler = resumable_sampler(self, dataset, shuffle, self.shuffle_seed)
+        return StatefulDataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            collate_fn=partial(
+                collate_rows,
+                pad_id=self.tokenizer.pad_token_id,
+                row_length=self.max_seq_len if self.packing else None,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+            ),
+            drop_last=shuffle,  # every rank takes the same number of full training batches
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )

@@ -1,0 +1,82 @@
+"""Sweeps: an Optuna search end to end, the SLURM launcher's job parameters, the summary plot."""
+
+import csv
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from src.utils.compose import CONF_DIR
+from src.utils.sweep_summary import SweepSummary, plot_metric
+from tests.helpers import FAST, ROOT
+
+
+def test_optuna_search_writes_a_summary_whose_best_row_is_optunas_best_trial(tmp_path):
+    command = [sys.executable, str(ROOT / "train.py"), "hparams_search=optuna"]
+    command += ["hydra.sweeper.n_trials=3", f"hydra.sweep.dir={tmp_path}", *FAST]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    for name in ("summary.md", "summary.csv", "summary.png", "optimization_results.yaml"):
+        assert (tmp_path / name).is_file(), f"the sweep wrote no {name}"
+    with (tmp_path / "summary.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert [row["status"] for row in rows] == ["ok"] * 3
+    best_row = max(rows, key=lambda row: float(row["val/acc_best"]))
+    optuna_result = OmegaConf.load(tmp_path / "optimization_results.yaml")
+    assert float(best_row["val/acc_best"]) == optuna_result.best_value
+    for param, value in optuna_result.best_params.items():
+        assert best_row[param] == str(value), f"{param}: summary {best_row[param]}, optuna {value}"
+    assert f"{best_row['job']} (best)" in (tmp_path / "summary.md").read_text()
+
+
+def slurm_launcher_config(*overrides: str) -> dict:
+    """The resolved `hydra.launcher` that `python train.py -m hydra/launcher=slurm ...` uses."""
+    initialize_config_dir(config_dir=CONF_DIR, version_base="1.3")
+    cfg = compose("train", overrides=["hydra/launcher=slurm", *overrides], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert type(instantiate(launcher)).__name__ == "SlurmLauncher"
+    return OmegaConf.to_container(launcher, resolve=True)
+
+
+def test_slurm_launcher_asks_for_one_task_per_device_on_every_node():
+    launcher = slurm_launcher_config(
+        "hydra.launcher.partition=a100", "trainer=ddp", "trainer.devices=4", "trainer.num_nodes=2"
+    )
+    assert launcher["partition"] == "a100"
+    assert launcher["gpus_per_node"] == launcher["tasks_per_node"] == 4
+    assert launcher["nodes"] == 2
+    assert launcher["timeout_min"] == 240
+    # Time to requeue before the limit; requeued at most max_num_timeout times.
+    assert launcher["signal_delay_s"] >= 60 and launcher["max_num_timeout"] > 0
+
+
+def test_slurm_launcher_defaults_to_one_gpu_per_job():
+    launcher = slurm_launcher_config()
+    assert (launcher["nodes"], launcher["tasks_per_node"], launcher["gpus_per_node"]) == (1, 1, 1)
+
+
+def test_plot_has_one_axis_per_swept_parameter_log_scaled_when_values_span_decades():
+    rows = [
+        {"job": "0", "lr": 1e-4, "batch": 32, "model": "cnn", "val/acc_best": 0.5},
+        {"job": "1", "lr": 3e-3, "batch": 64, "model": "simplenet", "val/acc_best": 0.8},
+        {"job": "2", "lr": 1e-2, "batch": 128, "model": "cnn", "val/acc_best": 0.7},
+        {"job": "3", "lr": 1e-3, "batch": 32, "model": "cnn", "status": "failed"},
+    ]
+    figure = plot_metric(rows, "val/acc_best", ["lr", "batch", "model"])
+
+    assert len(figure.axes) == 3
+    lr, batch, model = figure.axes
+    assert [axis.get_xlabel() for axis in figure.axes] == ["lr", "batch", "model"]
+    assert (lr.get_xscale(), batch.get_xscale()) == ("log", "linear")
+    assert [label.get_text() for label in model.get_xticklabels()] == ["cnn", "simplenet"]
+    assert len(lr.collections[0].get_offsets()) == 3, "the job without the metric is plotted"
+
+
+@pytest.mark.parametrize(("mode", "best"), [("max", "1"), ("minimize", "0")])
+def test_best_job_follows_the_direction_of_the_search(mode, best):
+    rows = [{"job": "0", "val/loss": 0.2}, {"job": "1", "val/loss": 0.9}, {"job": "2"}]
+    assert SweepSummary(metric="val/loss", mode=mode).best_job(rows) == best

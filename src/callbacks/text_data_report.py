@@ -1,0 +1,95 @@
+"""What a text run's data looks like before it trains: sample lengths, token accounting, the
+tokenizer. A no-op for datamodules without token accounting (images)."""
+
+import json
+import logging
+from pathlib import Path
+
+import matplotlib
+import numpy
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import TensorBoardLogger
+
+matplotlib.use("Agg")
+from matplotlib.figure import Figure  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+
+class TextDataReport(Callback):
+    """At the start of fitting, on rank 0:
+
+    - logs the training split's token accounting (`data/tokens_input`, `_kept`, `_truncated`,
+      `_dropped`, samples truncated, dropped, split) and the packing (`data/rows`,
+      `data/padding_fraction`, `data/documents_per_row`) to the loggers and to
+      `<dirpath>/data_report.json`;
+    - draws the histogram of sample lengths before and after the over-long policy as
+      `<dirpath>/plots/sample_lengths.png`, and as TensorBoard histograms;
+    - saves the tokenizer in `<dirpath>/tokenizer/` (nothing for the byte tokenizer), so that
+      the run's checkpoints can be decoded later.
+    """
+
+    def __init__(self, dirpath: str):
+        self.dirpath = Path(dirpath)
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        datamodule = getattr(trainer, "datamodule", None)
+        if not trainer.is_global_zero or not hasattr(datamodule, "accounting"):
+            return
+        accounting = datamodule.accounting["train"]
+        metrics = {**accounting.as_metrics("data"), **packing_metrics(datamodule)}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=0)
+            if isinstance(logger, TensorBoardLogger):
+                for when in ("before", "after"):
+                    lengths = numpy.asarray(getattr(accounting, f"lengths_{when}"))
+                    logger.experiment.add_histogram(f"data/sample_lengths_{when}", lengths)
+        (self.dirpath / "data_report.json").write_text(json.dumps(metrics, indent=2) + "\n")
+        path = self.dirpath / "plots" / "sample_lengths.png"
+        plot_lengths(
+            accounting.lengths_before, accounting.lengths_after, datamodule.max_seq_len, path
+        )
+        datamodule.tokenizer.save(self.dirpath / "tokenizer")
+        log.info(
+            "Training data: %d tokens, %d kept, %d truncated, %d dropped; %d rows, %.1f%% "
+            "padding (%s)",
+            accounting.input,
+            accounting.kept,
+            accounting.truncated,
+            accounting.dropped,
+            metrics["data/rows"],
+            100 * metrics["data/padding_fraction"],
+            path,
+        )
+
+
+def packing_metrics(datamodule) -> dict[str, float]:
+    """Rows, padding fraction and documents per row of the training split as batched: packed
+    rows are `max_seq_len` slots; padded rows as long as their batch's longest."""
+    dataset = datamodule.datasets["train"]
+    lengths = [sum(len(s) for s in dataset[i]) for i in range(len(dataset))]
+    if datamodule.packing:
+        slots = len(lengths) * datamodule.max_seq_len
+    else:  # padded in consecutive batches of this many rows (the shuffle changes little)
+        size = datamodule.batch_size
+        slots = sum(
+            len(b) * max(b) for b in (lengths[i : i + size] for i in range(0, len(lengths), size))
+        )
+    return {
+        "data/rows": len(lengths),
+        "data/padding_fraction": 1 - sum(lengths) / max(1, slots),
+        "data/documents_per_row": len(dataset.samples) / max(1, len(lengths)),
+    }
+
+
+def plot_lengths(before: list[int], after: list[int], max_seq_len: int, path: Path) -> None:
+    figure = Figure(figsize=(7, 3.5), layout="constrained")
+    axes = figure.subplots()
+    bins = numpy.histogram_bin_edges(before or [0], bins=50)  # shared, so the bars compare
+    axes.hist(before, bins=bins, alpha=0.6, label=f"before ({len(before)} samples)")
+    axes.hist(after, bins=bins, alpha=0.6, label=f"after the over-long policy ({len(after)})")
+    axes.axvline(max_seq_len, color="black", linestyle="--", label=f"max_seq_len={max_seq_len}")
+    axes.set(xlabel="tokens per sample", ylabel="samples", yscale="log", title="Sample lengths")
+    axes.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)

@@ -16,6 +16,8 @@ from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFil
 from tests.helpers import FAST, compose_config, write_mnist
 from train import train
 
+TINY_LM = ["model=qwen3_tiny", "model.config.hidden_size=32", "model.config.head_dim=16"]
+
 
 def unknown_option(tmp_path):
     return ["model=resnet9000"]
@@ -70,6 +72,17 @@ def wrong_input_shape(tmp_path):
     return ["data.input_shape=[1,28,28]"]
 
 
+def jsonl_line_that_does_not_parse(tmp_path):
+    lines = ['{"prompt": "1+1=", "response": "2"}', '{"prompt": "2+2=", "response": 4'] * 10
+    (tmp_path / "chats.jsonl").write_text("\n".join(lines) + "\n")
+    return [*TINY_LM, "data=sft", f"data.path={tmp_path / 'chats.jsonl'}"]
+
+
+def sample_longer_than_the_context(tmp_path):
+    (tmp_path / "corpus.txt").write_text("\n\n".join(["short", "x" * 300, "also short"] * 10))
+    return [*TINY_LM, "data=text", f"data.paths=[{tmp_path / 'corpus.txt'}]", "data.overlong=raise"]
+
+
 CASES = {
     # case: (make the input, expected error, words the message must contain)
     "unknown config option": (unknown_option, MissingConfigException, ["cnn", "simplenet"]),
@@ -98,8 +111,17 @@ CASES = {
         ConfigError,
         ["data.input_shape=[1, 8, 8]"],
     ),
+    "JSONL line that does not parse": (
+        jsonl_line_that_does_not_parse,
+        DataError,
+        ["chats.jsonl, line 2", "not valid JSON"],
+    ),
+    "sample longer than the context under raise": (
+        sample_longer_than_the_context,
+        DataError,
+        ["'xxxxx", "301 tokens", "max_seq_len=256", "data.overlong=truncate, drop or split"],
+    ),
 }
-NOT_APPLICABLE_YET = "JSONL line that does not parse, sample longer than the context (text data)"
 
 
 @pytest.mark.parametrize("case", list(CASES))

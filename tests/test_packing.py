@@ -131,5 +131,5 @@ def test_a_split_continuation_keeps_its_positions_and_the_target_at_the_cut():
 
 
 def test_raise_names_the_sample_that_does_not_fit():
-    with pytest.raises(DataError, match=r"sample 1 has 5 tokens, more than max_seq_len=4"):
+    with pytest.raises(DataError, match=r"^sample 1 has 5 tokens, more than max_seq_len=4"):
         fit_to_length([sample([1]), sample([1, 2, 3, 4, 5])], 4, "raise")

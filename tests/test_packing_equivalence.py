@@ -4,7 +4,10 @@ packed rows give the logits, loss and gradients of each document trained on alon
 import pytest
 import torch
 
+from scripts.check_packing import TOLERANCES
+from scripts.check_packing import main as check_packing_main
 from src.data.collate import collate_rows
+from src.models.qwen import QwenLM
 from src.utils.packing_checks import (
     DEFAULT_LENGTHS,
     batches,
@@ -75,3 +78,29 @@ def test_a_split_document_sees_its_own_positions():
     restarted = {**continuation, "position_ids": torch.arange(10)[None]}
     with torch.no_grad():
         assert (logits_of(model, restarted)[0] - shifted).abs().max() < 1e-4
+
+
+def test_check_packing_reports_every_check_for_a_model_config(capsys):
+    results = check_packing_main(
+        ["model=qwen3_next_tiny", "model.config.hidden_size=32", "--row-length", "48",
+         "--lengths", "1,13,17,30,5"]
+    )  # fmt: skip
+    printed = capsys.readouterr().out
+    assert set(results) == set(TOLERANCES)
+    for name in TOLERANCES:
+        assert f"{name} " in printed
+    assert "packing is safe for this model" in printed
+
+
+def test_check_packing_fails_a_model_that_leaks(monkeypatch, capsys):
+    leaky = QwenLM.forward
+
+    def ignore_boundaries(self, input_ids, position_ids=None, cu_seqlens=None, cache=None):
+        return leaky(self, input_ids, position_ids=position_ids, cache=cache)
+
+    monkeypatch.setattr(QwenLM, "forward", ignore_boundaries)
+    with pytest.raises(SystemExit) as exit_info:
+        check_packing_main(["model=qwen3_tiny", "model.config.hidden_size=32"])
+    assert exit_info.value.code == 1
+    verdicts = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines()}
+    assert verdicts["leak_canary"] == verdicts["logits_vs_alone"] == "FAILED"

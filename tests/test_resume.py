@@ -87,3 +87,60 @@ def test_sigkill_at_a_random_step_then_resume_matches_the_uninterrupted_run(
         expected_checkpoint["optimizer_states"], checkpoint["optimizer_states"], "optimizer"
     )
     assert metrics == expected_metrics
+
+
+def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path):
+    """Epoch-based, with a cosine schedule over the run's total steps: asking the Trainer for
+    them before the restore would lose the data loader's position (Lightning #20550)."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt").read_text()[:6000])
+    run = [
+        *FAST,
+        "model=qwen3_next_tiny",
+        "model.config.hidden_size=32",
+        "model.config.intermediate_size=64",
+        "model.config.head_dim=16",
+        "model.config.linear_key_head_dim=8",
+        "model.config.linear_value_head_dim=8",
+        "model.warmup_steps=2",
+        "data=text",
+        f"data.paths=[{corpus}]",
+        "data.max_seq_len=64",
+        "data.batch_size=2",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "trainer.max_epochs=2",
+        "trainer.deterministic=true",
+        "callbacks.model_checkpoint.monitor=val/loss",
+        "callbacks.model_checkpoint.mode=min",
+        "callbacks.last_checkpoint.every_n_train_steps=1",
+        "callbacks.last_checkpoint.every_n_epochs=null",
+        "test=false",
+    ]
+    train(compose_config(tmp_path / "whole", run))
+    expected_checkpoint, expected_metrics = final_state(tmp_path / "whole")
+    steps = expected_checkpoint["global_step"]
+    kill_step = steps // 2 + 3  # inside the second epoch
+    killed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            *run,
+            f"hydra.run.dir={tmp_path / 'killed'}",
+            "+callbacks.killer._target_=tests.helpers.KillAtStep",
+            f"+callbacks.killer.step={kill_step}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    train(compose_config(tmp_path / "killed", [*run, f"ckpt_path={last}"]))
+    checkpoint, metrics = final_state(tmp_path / "killed")
+    assert checkpoint["global_step"] == steps
+    assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
+    assert_same_tensors(
+        expected_checkpoint["optimizer_states"], checkpoint["optimizer_states"], "optimizer"
+    )
+    assert metrics == expected_metrics

@@ -117,6 +117,11 @@ class PackedTextDataModule(LightningDataModule):
     def source_fingerprint(self) -> str:
         raise NotImplementedError
 
+    def describe(self, document: Any) -> str:
+        """How errors name a document: its first words."""
+        text = " ".join(self.document_text(document).split())
+        return f"The document {text[:50]!r}{'...' if len(text) > 50 else ''}"
+
     # -- setup -------------------------------------------------------------------------------
 
     @property
@@ -145,13 +150,16 @@ class PackedTextDataModule(LightningDataModule):
             lambda: [self.tokenize(document) for document in documents],
         )
         for split in SPLITS:
-            chosen = [samples[i] for i in split_of[split].tolist()]
+            indices = split_of[split].tolist()
             fitted, self.accounting[split] = fit_to_length(
-                chosen, self.max_seq_len, self.overlong, what=f"The {split} sample"
+                [samples[i] for i in indices],
+                self.max_seq_len,
+                self.overlong,
+                describe=lambda i, indices=indices: self.describe(documents[indices[i]]),
             )
             if split != "test" and not fitted:
                 raise DataError(
-                    f"The {split} split has no samples left ({len(chosen)} before applying "
+                    f"The {split} split has no samples left ({len(indices)} before applying "
                     f"overlong={self.overlong!r}); add documents or raise data.val_fraction"
                 )
             self.datasets[split] = RowDataset(fitted, self.rows_of(fitted))

@@ -11,7 +11,7 @@ accounting (kept, truncated, dropped) that the over-long policies need.
 """
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -66,7 +66,10 @@ class TokenAccounting:
 
 
 def fit_to_length(
-    samples: Sequence[Sample], max_len: int, policy: str, what: str = "sample"
+    samples: Sequence[Sample],
+    max_len: int,
+    policy: str,
+    describe: Callable[[int], str] = "sample {}".format,
 ) -> tuple[list[Sample], TokenAccounting]:
     """Apply the over-long policy to every sample longer than `max_len` tokens.
 
@@ -75,7 +78,7 @@ def fit_to_length(
     - `split`: cut it into pieces of at most `max_len` tokens; each continuation keeps its
       positions (it starts at position `max_len`, `2 * max_len`, ...) but cannot see the
       pieces before it;
-    - `raise`: stop with an error naming the sample.
+    - `raise`: stop with an error naming the sample (`describe(index)`).
     Empty samples are always dropped.
     """
     if policy not in OVERLONG_POLICIES:
@@ -92,7 +95,7 @@ def fit_to_length(
             pieces = [sample]
         elif policy == "raise":
             raise DataError(
-                f"{what} {index} has {length} tokens, more than max_seq_len={max_len}. Raise "
+                f"{describe(index)} has {length} tokens, more than max_seq_len={max_len}. Raise "
                 f"data.max_seq_len, or choose data.overlong=truncate, drop or split"
             )
         elif policy == "drop":

@@ -70,6 +70,7 @@ class LanguageModel(LightningModule):
             {stage: nn.ModuleDict({n: SumMetric() for n in EVAL_SUMS}) for stage in ("val", "test")}
         )
         self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # in checkpoints, so a resumed run keeps its best
         self._total_steps: float | None = None
         self._reset_step()
 

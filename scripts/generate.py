@@ -6,7 +6,9 @@
 
 --ckpt reads a Lightning checkpoint written by src.models.language_model.LanguageModel (loaded
 with weights_only=True); --hf a transformers-format folder, e.g. a released Qwen3 checkpoint.
-Text is byte-level by default; --tokenizer <folder> uses that folder's transformers tokenizer.
+Text is byte-level unless the checkpoint's run directory holds the run's tokenizer (runs with a
+BPE or pretrained tokenizer save it in <run dir>/tokenizer/); --tokenizer <folder> uses the
+tokenizer.json of that folder (a transformers model folder, for instance).
 """
 
 import argparse
@@ -17,7 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from src.data.byte_text import ByteTokenizer  # noqa: E402
+from src.data.tokenizers import ByteTokenizer, load_pretrained  # noqa: E402
 from src.models.language_model import LanguageModel  # noqa: E402
 from src.models.qwen import QwenLM  # noqa: E402
 from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
@@ -34,9 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest")
     parser.add_argument("--num-samples", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--tokenizer", type=Path, default=None, help="transformers tokenizer folder"
-    )
+    parser.add_argument("--tokenizer", type=Path, default=None, help="folder with a tokenizer.json")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     return parser.parse_args(argv)
 
@@ -50,19 +50,20 @@ def load_model(args: argparse.Namespace) -> QwenLM:
     return module.net
 
 
-def load_tokenizer(folder: Path | None):
-    if folder is None:
-        return ByteTokenizer()
-    from transformers import AutoTokenizer  # only needed for a checkpoint's own tokenizer
-
-    return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+def load_tokenizer(folder: Path | None, ckpt: Path | None):
+    """The tokenizer in `folder`, else the one saved in the checkpoint's run directory (BPE or
+    pretrained runs save it there), else bytes."""
+    if folder is None and ckpt is not None:
+        saved = ckpt.resolve().parent.parent / "tokenizer"
+        folder = saved if (saved / "tokenizer.json").is_file() else None
+    return ByteTokenizer() if folder is None else load_pretrained(folder)
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> list[str]:
     args = parse_args(argv)
     model = load_model(args).to(args.device).eval()
-    tokenizer = load_tokenizer(args.tokenizer)
+    tokenizer = load_tokenizer(args.tokenizer, args.ckpt)
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise SystemExit("--prompt encodes to no tokens; give at least one character")

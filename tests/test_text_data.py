@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from scripts.generate import load_tokenizer
+from scripts.generate import main as generate_main
 from src.data.packed_text import PackedTextDataModule
 from src.data.sft import SFTDataModule
 from src.data.synthetic_sft import TASKS, make_examples
@@ -241,6 +243,10 @@ def test_a_text_run_logs_its_packing_and_draws_its_sample_lengths(corpus, tmp_pa
     record = train(compose_config(tmp_path / "run", overrides))
     assert (tmp_path / "run" / "plots" / "sample_lengths.png").stat().st_size > 0
     assert load_pretrained(tmp_path / "run" / "tokenizer").vocab_size == 300
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert load_tokenizer(None, last).vocab_size == 300  # generate.py decodes with it
+    (text,) = generate_main(["--ckpt", str(last), "--prompt", "Paragraph", "--max-new-tokens", "3"])
+    assert text.startswith("Paragraph")
     report = json.loads((tmp_path / "run" / "data_report.json").read_text())
     assert report["data/tokens_input"] == report["data/tokens_kept"] > 0
     assert report["data/documents_per_row"] > 1

@@ -66,6 +66,23 @@ def test_packed_and_padded_runs_see_the_same_samples(corpus, tmp_path):
     assert (batch["document_lengths"] > 0).sum() > 4  # several documents per row
 
 
+def test_bucketing_by_length_pads_less_and_still_serves_every_sample(tmp_path):
+    def padding_and_samples(**options):
+        module = SFTDataModule(cache_dir=str(tmp_path), packing=False, batch_size=16, **options)
+        module.setup()
+        batches = list(module.train_dataloader())
+        real = sum(int(b["document_lengths"].sum()) for b in batches)
+        slots = sum(b["input_ids"].numel() for b in batches)
+        return 1 - real / slots, sum(len(b["input_ids"]) for b in batches)
+
+    plain, plain_count = padding_and_samples()
+    bucketed, bucketed_count = padding_and_samples(bucket_by_length=True)
+    assert bucketed < plain / 2
+    assert bucketed_count == plain_count  # full batches of the same samples, other groupings
+    with pytest.raises(ConfigError, match="data.packing=false"):
+        SFTDataModule(packing=True, bucket_by_length=True)
+
+
 def test_every_document_ends_with_the_end_of_text_token(corpus, tmp_path):
     module = text_module(corpus, tmp_path)
     sample = module.datasets["train"].samples[0]

@@ -42,12 +42,42 @@ class RowDataset(Dataset):
         return [self.samples[i] for i in self.rows[index]]
 
 
+class BucketedBatches(Dataset):
+    """Item i is a whole batch: rows of similar lengths, so that padding them costs little.
+
+    Batches are formed once: a permutation by `seed` is cut into windows of 50 batches, each
+    window sorted by length and cut into batches (the last, partial one of the split is
+    dropped when `drop_last`). The sampler then shuffles the order of the batches.
+    """
+
+    def __init__(self, rows: RowDataset, batch_size: int, seed: int, drop_last: bool):
+        lengths = [sum(len(sample) for sample in rows[i]) for i in range(len(rows))]
+        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
+        window = 50 * batch_size
+        self.batches = []
+        for start in range(0, len(order), window):
+            by_length = sorted(order[start : start + window], key=lambda i: lengths[i])
+            self.batches += [
+                by_length[i : i + batch_size] for i in range(0, len(by_length), batch_size)
+            ]
+        if drop_last and self.batches and len(self.batches[-1]) < batch_size:
+            self.batches.pop()
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> list[list[Sample]]:
+        return [self.rows[i] for i in self.batches[index]]
+
+
 class PackedTextDataModule(LightningDataModule):
     """Token batches for `LanguageModel`, packed (`packing=true`) or padded, from the same samples.
 
     Packed: best-fit-decreasing (or order-preserving `greedy`) rows of exactly `max_seq_len`
     tokens, `batch_size` rows per batch. Padded: one sample per row, `batch_size` samples per
-    batch, padded to the batch's longest (a multiple of `pad_to_multiple_of`). Either way each
+    batch, padded to the batch's longest (a multiple of `pad_to_multiple_of`), and with
+    `bucket_by_length` drawn from samples of similar lengths (less padding). Either way each
     sample keeps its own positions, attention and loss (see `src.data.collate`). Samples longer
     than `max_seq_len` follow `overlong` (truncate, drop, split or raise).
 
@@ -67,6 +97,7 @@ class PackedTextDataModule(LightningDataModule):
         batch_size: int = 16,
         eval_batch_size: int | None = None,
         pad_to_multiple_of: int = 8,
+        bucket_by_length: bool = False,
         tokenizer: dict[str, Any] | None = None,
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
@@ -93,6 +124,9 @@ class PackedTextDataModule(LightningDataModule):
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.pad_to_multiple_of = pad_to_multiple_of
+        if bucket_by_length and packing:
+            raise ConfigError("data.bucket_by_length is for padded batches: set data.packing=false")
+        self.bucket_by_length = bucket_by_length
         self.tokenizer_options = dict(tokenizer or {})
         self.fractions = {"val": val_fraction, "test": test_fraction}
         self.split_seed = split_seed
@@ -213,6 +247,9 @@ class PackedTextDataModule(LightningDataModule):
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
         # Its position and shuffle order go into checkpoints, so a resumed run continues exactly.
         dataset = self.datasets[split]
+        if self.bucket_by_length:  # items are whole batches
+            dataset = BucketedBatches(dataset, batch_size, self.split_seed, drop_last=shuffle)
+            batch_size = None
         sampler = resumable_sampler(self, dataset, shuffle, self.shuffle_seed)
         return StatefulDataLoader(
             dataset,
@@ -224,7 +261,7 @@ class PackedTextDataModule(LightningDataModule):
                 row_length=self.max_seq_len if self.packing else None,
                 pad_to_multiple_of=self.pad_to_multiple_of,
             ),
-            drop_last=shuffle,  # every rank takes the same number of full training batches
+            drop_last=shuffle and batch_size is not None,  # every rank takes as many full batches
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

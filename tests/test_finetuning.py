@@ -6,6 +6,7 @@ import sys
 
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from src.models.cnn import CNN
 from src.utils.errors import CheckpointError
@@ -139,3 +140,34 @@ def test_metrics_json_of_a_frozen_run_is_complete(tmp_path):
     train(compose_config(tmp_path, [*FAST, "callbacks=freeze"]))
     metrics = json.loads((tmp_path / "metrics.json").read_text())["metrics"]
     assert "test/acc" in metrics
+
+
+def test_the_lm_trains_only_its_last_decoder_layer_and_final_norm(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text((ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt").read_text()[:4000])
+    overrides = [
+        *FAST,
+        "model=qwen3_tiny",
+        "model.config.hidden_size=32",
+        "model.config.intermediate_size=64",
+        "model.config.head_dim=16",
+        "data=text",
+        f"data.paths=[{corpus}]",
+        "data.max_seq_len=64",
+        "data.batch_size=4",
+        "callbacks=freeze",
+        "callbacks.freeze.train_only=[model.norm]",
+        "callbacks.freeze.train_last_n=1",
+        "callbacks.model_checkpoint.monitor=val/loss",
+        "callbacks.model_checkpoint.mode=min",
+        "test=false",
+    ]
+    cfg = compose_config(tmp_path / "run", overrides)
+    torch.manual_seed(cfg.seed)  # train() draws the same initial weights
+    initial = {f"net.{k}": v.clone() for k, v in instantiate(cfg.model).net.state_dict().items()}
+    train(cfg)
+    after = weights(tmp_path / "run")
+    trained = ("net.model.layers.3.", "net.model.norm.")
+    for key, value in initial.items():
+        changed = not torch.equal(value, after[key])
+        assert changed == key.startswith(trained), f"{key} changed={changed}"

@@ -16,8 +16,10 @@ class FreezeLayers(BaseFinetuning):
 
     Patterns are shell-style (`conv*`, `layers.1?`) and match module names with or without
     the LightningModule's `net.` prefix: `train_only: [fc2]` trains only the last layer of
-    SimpleNet/CNN, `train_last_n: 2` with `layers: net.layers` trains only the last two decoder
-    layers (plus whatever `train_only` names, e.g. `norm`, `lm_head`). Frozen parameters never
+    SimpleNet/CNN; `train_last_n: 2` trains only the last two blocks of `layers` (the module
+    list of decoder layers, found by name when None: `net.model.layers` in the Qwen LM), plus
+    whatever `train_only` names (e.g. `model.norm`, `lm_head`; with tied embeddings the head
+    is `model.embed_tokens`). Frozen parameters never
     reach the optimizer; at `unfreeze_at_epoch` they join it with `unfreeze_lr_factor` x the
     base learning rate.
     """
@@ -27,7 +29,7 @@ class FreezeLayers(BaseFinetuning):
         freeze: list[str] | None = None,
         train_only: list[str] | None = None,
         train_last_n: int | None = None,
-        layers: str = "net.layers",
+        layers: str | None = None,
         unfreeze_at_epoch: int | None = None,
         unfreeze_lr_factor: float = 0.1,
         train_bn: bool = True,
@@ -89,9 +91,21 @@ class FreezeLayers(BaseFinetuning):
     def _last_layer_patterns(self, pl_module: LightningModule) -> list[str]:
         if self.train_last_n is None:
             return []
-        layers = pl_module.get_submodule(self.layers)
+        path = self.layers or self._find_layers(pl_module)
+        layers = pl_module.get_submodule(path)
         last = range(len(layers) - self.train_last_n, len(layers))
-        return [f"{self.layers}.{index}" for index in last]
+        return [f"{path}.{index}" for index in last]
+
+    @staticmethod
+    def _find_layers(pl_module: LightningModule) -> str:
+        """The name of the model's stack of layers: the first ModuleList called `*layers`."""
+        for name, module in pl_module.named_modules():
+            if isinstance(module, nn.ModuleList) and name.split(".")[-1] == "layers":
+                return name
+        raise ValueError(
+            f"{type(pl_module).__name__} has no ModuleList named `layers`: set "
+            "callbacks.freeze.layers to the module list whose last blocks train_last_n counts"
+        )
 
     @staticmethod
     def _matches(name: str, patterns: list[str]) -> bool:

@@ -1,6 +1,7 @@
 """Preemption, numerical faults and checkpoint policies."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -126,3 +127,38 @@ def test_a_non_finite_gradient_is_caught_before_the_step_naming_the_parameter(tm
     )
     with pytest.raises(NonFiniteError, match="step 3.*gradient of net.fc2.bias"):
         train(cfg)
+
+
+class SignalAtStep(Callback):
+    """Sends its own process `signal` at the end of optimizer step `step`."""
+
+    def __init__(self, step: int, name: str):
+        self.step, self.signum = step, getattr(signal, name)
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def test_the_time_limit_signal_saves_then_hands_over_to_the_launchers_handler(tmp_path):
+    handed_over = []
+
+    def launcher_handler(signum, frame):  # e.g. submitit's: requeue the job
+        saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+        handed_over.append((signum, saved["global_step"]))
+
+    previous = signal.signal(signal.SIGUSR2, launcher_handler)
+    try:
+        overrides = [
+            *FAST,
+            "trainer.max_epochs=3",
+            "+callbacks.signal._target_=tests.test_reliability.SignalAtStep",
+            "+callbacks.signal.step=5",
+            "+callbacks.signal.name=SIGUSR2",
+        ]
+        record = train(compose_config(tmp_path, overrides))
+        assert signal.getsignal(signal.SIGUSR2) is launcher_handler  # restored after training
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert handed_over == [(signal.SIGUSR2, 6)]  # saved after the step in progress
+    assert record["preempted"] is True

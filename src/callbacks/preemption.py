@@ -1,4 +1,5 @@
-"""Save a checkpoint and stop cleanly when the job is asked to stop (SIGTERM, SIGUSR1).
+"""Save a checkpoint and stop cleanly when the job is asked to stop (SIGTERM, SIGUSR1,
+SIGUSR2).
 
 The signal handler only raises a flag; the checkpoint is written at the next batch boundary,
 never from inside the handler, where it could capture a half-finished optimizer step.
@@ -17,23 +18,29 @@ log = logging.getLogger(__name__)
 
 
 class Preemption(Callback):
-    """On SIGTERM/SIGUSR1: write `<dirpath>/<filename>` after the current step, then stop.
+    """On one of `signals`: write `<dirpath>/<filename>` after the current step, then stop.
 
     With `requeue=true` inside a SLURM job, the job is also requeued (`scontrol requeue`), so
-    it resumes with `ckpt_path=last` in the same run directory.
+    it resumes with `ckpt_path=last` in the same run directory. For the signals in
+    `hand_over` (SIGUSR2: submitit's time-limit warning, used by `hydra/launcher=slurm`), the
+    handler that was installed before this one runs after the save, so the launcher requeues
+    the job the way it would have, now with a fresh checkpoint to resume from.
     """
 
     def __init__(
         self,
         dirpath: str,
         filename: str = "last.ckpt",
-        signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1"),
+        signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGUSR2"),
         requeue: bool = False,
+        hand_over: tuple[str, ...] = ("SIGUSR2",),
     ):
         self.path = Path(dirpath) / filename
         self.signals = [getattr(signal, name) for name in signals if hasattr(signal, name)]
         self.requeue = requeue
+        self.hand_over = {getattr(signal, name) for name in hand_over if hasattr(signal, name)}
         self.received: int | None = None
+        self.saved = False
         self._previous: dict[int, object] = {}
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -46,16 +53,29 @@ class Preemption(Callback):
         self.received = signum
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
-        if self.received is None:
+        if self.received is None or self.saved:
             return
         name = signal.Signals(self.received).name
         trainer.save_checkpoint(self.path)
+        self.saved = True
         log.warning(
             "%s received: saved %s at step %d and stopping.", name, self.path, trainer.global_step
         )
         trainer.should_stop = True
+        # Stop now: Lightning would otherwise train on until min_epochs / min_steps are met.
+        trainer.fit_loop.min_epochs = trainer.fit_loop.epoch_loop.min_steps = 0
+        # Tell the checkpoint callbacks that this step and last.ckpt are saved (the state their
+        # own saves keep), so that their saves at the end of the cut-short epoch and of training
+        # do not replace last.ckpt with one that calls the epoch complete: a resumed run would
+        # skip the rest of it.
+        for callback in trainer.checkpoint_callbacks:
+            callback._last_global_step_saved = trainer.global_step
+            callback._last_checkpoint_saved = str(self.path)
         if self.requeue and "SLURM_JOB_ID" in os.environ and trainer.is_global_zero:
             subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False)
+        previous = self._previous.get(self.received)
+        if self.received in self.hand_over and callable(previous):
+            previous(self.received, None)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         for signum, handler in self._previous.items():

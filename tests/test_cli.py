@@ -41,6 +41,22 @@ def test_multirun_runs_each_job_in_its_own_dir_and_summarises_the_sweep(tmp_path
     assert len(rows) == 3 and "val/acc_best" in rows[0]
 
 
+def test_a_job_with_bad_input_fails_alone_and_the_sweep_goes_on(tmp_path):
+    result = run(
+        "train.py",
+        "-m",
+        "data.val_fraction=1.5,0.2",  # the first jobs fail
+        "model=simplenet,cnn",
+        f"hydra.sweep.dir={tmp_path}",
+        *QUICK,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "data.val_fraction" in result.stderr  # the failed job's error, as raised
+    finished = [job for job in "0123" if (tmp_path / job / "metrics.json").exists()]
+    assert len(finished) == 2  # the two jobs with a valid fraction
+
+
 def test_train_then_eval_from_the_command_line(tmp_path):
     run("train.py", "model=cnn", f"hydra.run.dir={tmp_path / 'train'}", *QUICK)
     trained = json.loads((tmp_path / "train" / "metrics.json").read_text())

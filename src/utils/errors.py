@@ -22,7 +22,11 @@ class MissingFileError(UserFacingError, FileNotFoundError):
 
 def exit_on_user_error(main: Callable) -> Callable:
     """Entry-point decorator: print a UserFacingError (even one wrapped by Hydra's
-    instantiate) as one clear message and exit with status 1, without a traceback."""
+    instantiate) as one clear message and exit with status 1, without a traceback.
+
+    Inside a Hydra multirun the error is raised as it is instead: the sweep records the job as
+    failed and goes on (an Optuna search tries other values) rather than exiting mid-sweep.
+    """
 
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
@@ -32,11 +36,18 @@ def exit_on_user_error(main: Callable) -> Callable:
             cause = error
             while cause is not None and not isinstance(cause, UserFacingError):
                 cause = cause.__cause__ or cause.__context__
-            if cause is None:
+            if cause is None or _in_multirun():
                 raise
             raise SystemExit(f"Error: {cause}") from None
 
     return wrapper
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 class DataError(UserFacingError, ValueError):

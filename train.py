@@ -19,6 +19,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from src.utils.config_checks import check_config_types  # noqa: E402
 from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
+from src.utils.lr_scaling import apply_lr_scaling  # noqa: E402
 from src.utils.run import build_trainer, check_launch, plain_config, run_overrides  # noqa: E402
 from src.utils.run_files import finish_run  # noqa: E402
 from src.utils.weights import check_checkpoint_fits  # noqa: E402
@@ -46,6 +47,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     start = time.perf_counter()
     check_config_types(cfg)
     check_launch(cfg)
+    apply_lr_scaling(cfg)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
 

@@ -5,11 +5,17 @@
 2. data: one epoch of per-sample torchvision transforms vs this template's default image path
    (deterministic transforms computed once per split).
 3. compile: the hand-written loop on the CNN, eager vs `torch.compile`, compile time apart.
+4. ddp (only when asked for): train.py in one process vs two DDP processes over gloo
+   (trainer=ddp_cpu) on the same global batch, one torch thread per process, so that the
+   comparison is per core; plus one process on the per-process batch, whose step time is the
+   DDP step's without the strategy. Reports the scaling efficiency, two processes' samples/s
+   over twice one's, and the strategy's overhead per step.
 
-Each case alternates its two arms `--repeats` times and reports medians of steady-state rates
+Each case alternates its arms `--repeats` times and reports medians of steady-state rates
 (warm-up steps excluded); cold start is reported separately. Usage:
 
-    python scripts/bench.py                 # full run, writes logs/bench/bench.json
+    python scripts/bench.py                 # trainer, data, compile; writes logs/bench/bench.json
+    python scripts/bench.py --cases ddp     # the DDP case alone (needs 2 idle cores)
     python scripts/bench.py --quick         # seconds; checks the machinery, not the speed
 """
 
@@ -18,6 +24,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -81,13 +88,12 @@ def hand_loop(
     return {"steps_per_s": steps / (time.perf_counter() - steady_start), "first_step_s": first_step}
 
 
-def template_trainer(
-    network: str, data_path: Path, run_dir: Path, warmup: int, steps: int
-) -> dict[str, float]:
-    """train.py's own code path on the same data; steady steps/s from the Throughput callback."""
-    from train import train
-
-    overrides = [
+def trainer_overrides(
+    network: str, data_path: Path, batch_size: int, warmup: int, steps: int
+) -> list[str]:
+    """train.py's overrides for `warmup + steps` training steps on the saved MNIST-like arrays,
+    without validation, test, progress bar or model summary."""
+    return [
         f"model={'simplenet' if network == 'simplenet' else 'cnn'}",
         "data=tensors",
         f"data.path={data_path}",
@@ -96,6 +102,7 @@ def template_trainer(
         "data.val_fraction=0.01",
         "data.test_fraction=0.01",
         "data.transform=null",
+        f"data.batch_size={batch_size}",
         f"trainer.max_steps={warmup + steps}",
         "trainer.max_epochs=null",
         "trainer.limit_val_batches=0",
@@ -107,20 +114,34 @@ def template_trainer(
         "test=false",
         "trainer.accelerator=cpu",
     ]
-    cfg = compose_run_config(run_dir, overrides)
-    metrics = train(cfg)["metrics"]
+
+
+def template_trainer(
+    network: str, data_path: Path, run_dir: Path, batch_size: int, warmup: int, steps: int
+) -> dict[str, float]:
+    """train.py's own code path on the same data; steady steps/s from the Throughput callback."""
+    from train import train
+
+    overrides = trainer_overrides(network, data_path, batch_size, warmup, steps)
+    metrics = train(compose_run_config(run_dir, overrides))["metrics"]
     return {
         "steps_per_s": metrics["perf/steps_per_s"],
         "first_step_s": metrics["perf/time_to_first_step_s"],
     }
 
 
-def bench_trainer(args, work: Path) -> list[dict]:
-    n = args.batch_size * (args.warmup + args.steps) * 2  # never ends an epoch mid-measurement
+def write_mnist_like(work: Path, n: int) -> tuple[Path, TensorDataset]:
+    """MNIST-like images with the transforms precomputed, saved for data=tensors."""
     images = precompute(mnist_like(n), MNIST_TRANSFORM)
     data_path = work / "mnist_like.npz"
     x, y = images.tensors
     np.savez(data_path, x=x.numpy(), y=y.numpy())
+    return data_path, images
+
+
+def bench_trainer(args, work: Path) -> list[dict]:
+    n = args.batch_size * (args.warmup + args.steps) * 2  # never ends an epoch mid-measurement
+    data_path, images = write_mnist_like(work, n)
     loader = DataLoader(images, batch_size=args.batch_size, shuffle=True)
     rows = []
     for network in ("simplenet", "cnn"):
@@ -129,7 +150,12 @@ def bench_trainer(args, work: Path) -> list[dict]:
             arms["hand-written loop"].append(hand_loop(network, loader, args.warmup, args.steps))
             arms["template Trainer"].append(
                 template_trainer(
-                    network, data_path, work / f"{network}_{repeat}", args.warmup, args.steps
+                    network,
+                    data_path,
+                    work / f"{network}_{repeat}",
+                    args.batch_size,
+                    args.warmup,
+                    args.steps,
                 )
             )
         rows.append(
@@ -181,6 +207,61 @@ def bench_compile(args) -> list[dict]:
     return [compare("compile/cnn", "steps/s", arms, "eager", "compiled")]
 
 
+# -- 4. DDP on CPU: two processes vs one ------------------------------------------------------
+
+
+def template_process(overrides: list[str], run_dir: Path, batch_size: int) -> dict[str, float]:
+    """train.py in its own process (plain ddp re-runs the command line, so it cannot run in
+    this one), one torch thread per process; steady rates from rank 0's metrics.json."""
+    command = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    environment = os.environ | {"OMP_NUM_THREADS": "1"}
+    process = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{process.stderr[-3000:]}")
+    metrics = json.loads((run_dir / "metrics.json").read_text())["metrics"]
+    steps_per_s = metrics["perf/steps_per_s"]
+    return {
+        "samples_per_s": steps_per_s * batch_size,
+        "first_step_s": metrics["perf/time_to_first_step_s"],
+        "ms_per_step": 1000 / steps_per_s,
+    }
+
+
+def bench_ddp(args, work: Path) -> list[dict]:
+    batch, half = args.batch_size, args.batch_size // 2
+    data_path, _ = write_mnist_like(work, batch * (args.warmup + args.steps) * 2)
+    one, two, one_half = (
+        f"1 process, batch {batch}",
+        f"2 processes x batch {half}",
+        f"1 process, batch {half}",
+    )
+    arms = {  # per-process batch, global batch, strategy overrides
+        one: (batch, batch, []),
+        two: (half, batch, ["trainer=ddp_cpu"]),
+        one_half: (half, half, []),
+    }
+    rows = []
+    for network in ("simplenet",) if args.quick else ("simplenet", "cnn"):
+        runs = {arm: [] for arm in arms}
+        for repeat in range(args.repeats):
+            for index, (arm, (per_process, global_batch, strategy)) in enumerate(arms.items()):
+                overrides = trainer_overrides(
+                    network, data_path, per_process, args.warmup, args.steps
+                )
+                run_dir = work / f"ddp_{network}_{repeat}_{index}"
+                runs[arm].append(template_process([*overrides, *strategy], run_dir, global_batch))
+        row = compare(f"ddp/{network}", "samples/s", runs, one, two)
+        ms_per_step = {
+            arm: statistics.median(r["ms_per_step"] for r in rs) for arm, rs in runs.items()
+        }
+        row["ms_per_step"] = ms_per_step
+        row["scaling_efficiency"] = row["ratio"] / 2
+        row["overhead_ms_per_step"] = ms_per_step[two] - ms_per_step[one_half]
+        row["threads_per_process"] = 1
+        rows.append(row)
+    return rows
+
+
 # -- reporting -------------------------------------------------------------------------------
 
 
@@ -223,7 +304,8 @@ def machine() -> dict:
 def print_table(rows: list[dict]) -> None:
     print(f"\n{'case':<18} {'arm':<24} {'median':>16} {'cold start':>11} {'ratio':>7}")
     for row in rows:
-        for arm in (row["reference"], row["candidate"]):
+        others = [arm for arm in row["medians"] if arm not in (row["reference"], row["candidate"])]
+        for arm in (row["reference"], row["candidate"], *others):
             cold = row.get("cold_start_s", {}).get(arm)
             ratio = f"{row['ratio']:.2f}x" if arm == row["candidate"] else ""
             print(
@@ -231,12 +313,17 @@ def print_table(rows: list[dict]) -> None:
                 f"{row['medians'][arm]:>9.1f} {row['unit']:<6} "
                 f"{'' if cold is None else f'{cold:.3f} s':>11} {ratio:>7}"
             )
+        if "scaling_efficiency" in row:
+            print(
+                f"{'':<18} scaling efficiency {row['scaling_efficiency']:.0%} per core, "
+                f"DDP overhead {row['overhead_ms_per_step']:.2f} ms/step"
+            )
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks, not timings")
-    parser.add_argument("--cases", default="trainer,data,compile")
+    parser.add_argument("--cases", default="trainer,data,compile", help="and/or ddp")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=300)
@@ -255,6 +342,7 @@ def main(argv=None) -> list[dict]:
         "trainer": bench_trainer,
         "data": lambda a, _: bench_data(a),
         "compile": lambda a, _: bench_compile(a),
+        "ddp": bench_ddp,
     }
     rows = []
     with tempfile.TemporaryDirectory() as work:

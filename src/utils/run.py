@@ -5,6 +5,7 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch import Trainer
 from omegaconf import DictConfig, OmegaConf
 
@@ -26,19 +27,30 @@ def run_overrides() -> list[str]:
 
 
 def check_launch(cfg: DictConfig) -> None:
-    """Refuse a launch combination known to break: a Hydra multirun whose jobs start DDP
-    processes themselves (with `ddp`, each child re-runs the whole sweep)."""
+    """Refuse a launch combination known to break: a Hydra multirun whose jobs start their
+    distributed processes themselves (with `ddp`, `fsdp` or model parallel, Lightning re-runs
+    the command line for each rank, so each child re-runs the whole sweep). Under SLURM's srun
+    (e.g. the submitit launcher) or torchrun the ranks already exist and nothing is re-run."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return
-    strategy = str(cfg.trainer.get("strategy", "auto"))
+    if SLURMEnvironment.detect() or TorchElasticEnvironment.detect():
+        return
+    strategy = strategy_name(cfg.trainer.get("strategy", "auto"))
     devices = cfg.trainer.get("devices", 1)
-    if strategy.startswith("ddp") and devices != 1:
+    if strategy.lower().startswith(("ddp", "fsdp", "modelparallel")) and devices != 1:
         raise ConfigError(
             f"A multirun (-m) cannot use trainer.strategy={strategy} with {devices} devices: "
             f"Lightning re-executes the command line for the other ranks, so each would start "
             f"the whole sweep again. Run each configuration as its own command, or sweep "
-            f"with a cluster launcher that starts the ranks itself."
+            f"with a cluster launcher that starts the ranks itself (hydra/launcher=slurm)."
         )
+
+
+def strategy_name(strategy: Any) -> str:
+    """A strategy as configured: its registered name ("ddp") or its class name (a `_target_`)."""
+    if isinstance(strategy, DictConfig) and "_target_" in strategy:
+        return strategy._target_.rsplit(".", 1)[-1]
+    return str(strategy)
 
 
 def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = None) -> Trainer:

@@ -11,6 +11,7 @@ from torch import nn
 
 from scripts.generate import load_tokenizer
 from scripts.generate import main as generate_main
+from scripts.make_sft_data import main as make_sft_data_main
 from src.data.packed_text import PackedTextDataModule
 from src.data.sft import SFTDataModule
 from src.data.synthetic_sft import TASKS, make_examples
@@ -271,3 +272,11 @@ def test_a_text_run_logs_its_packing_and_draws_its_sample_lengths(corpus, tmp_pa
     assert metrics["perf/padding_fraction"] < 0.2
     assert metrics["perf/documents_per_row"] > 1
     assert metrics["perf/real_tokens_per_s"] > 0 and metrics["perf/supervised_tokens_per_s"] > 0
+
+
+def test_make_sft_data_writes_a_file_that_trains(tmp_path):
+    path = make_sft_data_main(["--out", str(tmp_path / "sft.jsonl"), "--count", "300"])
+    module = sft_module(path, tmp_path)
+    assert sum(len(module.datasets[s].samples) for s in ("train", "val", "test")) == 300 - sum(
+        module.accounting[s].samples_dropped for s in ("train", "val", "test")
+    )

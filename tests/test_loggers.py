@@ -1,0 +1,58 @@
+"""`logger=mlflow` and `logger=wandb`: the configs compose, and where the package is installed a
+digits run writes its metrics and config inside the run directory."""
+
+import time
+
+import pytest
+
+from tests.helpers import FAST, compose_config
+from train import train
+
+RUN = [*FAST, "test=false"]
+
+
+@pytest.mark.parametrize("name", ["mlflow", "wandb"])
+def test_logger_config_composes_next_to_tensorboard(tmp_path, name):
+    cfg = compose_config(tmp_path, [f"logger=[tensorboard,{name}]"])
+    assert set(cfg.logger) == {"tensorboard", name}
+    assert cfg.logger[name]._target_.startswith("lightning.pytorch.loggers.")
+    where = cfg.logger[name].get("tracking_uri") or cfg.logger[name].get("save_dir")
+    assert str(tmp_path) in where, f"{name} writes outside the run dir: {where}"
+
+
+def test_mlflow_run_records_params_and_metrics_in_the_run_dir(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.chdir(tmp_path)  # nothing may land in the working directory
+    run_dir = tmp_path / "run"
+    train(compose_config(run_dir, [*RUN, "logger=mlflow"]))
+    client = MlflowClient(f"sqlite:///{run_dir / 'mlflow.db'}")
+    [run] = client.search_runs([client.get_experiment_by_name("train").experiment_id])
+    assert 0 < run.data.metrics["val/acc"] <= 1
+    assert run.data.params["data/batch_size"] == "64"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]
+
+
+def test_wandb_offline_run_is_written_in_the_run_dir(tmp_path, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    for variable in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(variable, str(tmp_path / "wandb_home"))
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    run_dir = tmp_path / "run"
+    try:
+        train(compose_config(run_dir, [*RUN, "logger=wandb"]))
+    finally:
+        wandb.finish()  # the next run in this process must not log into this one
+    [records] = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    data = read_when_written(records, b"val/acc")
+    assert b"val/acc" in data and b"batch_size" in data, f"{records}: {len(data)} bytes"
+
+
+def read_when_written(path, marker, timeout_s=10.0):
+    """The file once it holds `marker`: wandb's service may still be writing the run's records
+    when `wandb.finish()` returns."""
+    deadline = time.monotonic() + timeout_s
+    while marker not in (data := path.read_bytes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return data

@@ -3,10 +3,13 @@ packed rows give the logits, loss and gradients of each document trained on alon
 
 import pytest
 import torch
+from lightning.pytorch import Trainer
 
 from scripts.check_packing import TOLERANCES
 from scripts.check_packing import main as check_packing_main
 from src.data.collate import collate_rows
+from src.data.text import TextDataModule
+from src.models.language_model import LanguageModel
 from src.models.qwen import QwenLM
 from src.utils.packing_checks import (
     DEFAULT_LENGTHS,
@@ -16,6 +19,7 @@ from src.utils.packing_checks import (
     random_documents,
     run_checks,
 )
+from tests.helpers import ROOT
 from tests.test_qwen_model import perturbed_model, tiny_config
 
 ROW_LENGTH = 64  # four DeltaNet chunks of 16: documents start and end inside chunks
@@ -104,3 +108,21 @@ def test_check_packing_fails_a_model_that_leaks(monkeypatch, capsys):
     assert exit_info.value.code == 1
     verdicts = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines()}
     assert verdicts["leak_canary"] == verdicts["logits_vs_alone"] == "FAILED"
+
+
+def test_validation_loss_is_the_same_packed_and_padded(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(
+        (ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt").read_text()[:20000]
+    )
+    losses = {}
+    for packing in (True, False):
+        data = TextDataModule(
+            paths=[str(corpus)], max_seq_len=64, packing=packing, batch_size=4, val_fraction=0.2
+        )
+        torch.manual_seed(0)
+        model = LanguageModel(config=tiny_config("qwen3_next", vocab_size=320).to_dict())
+        trainer = Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+        (metrics,) = trainer.validate(model, datamodule=data, verbose=False)
+        losses[packing] = metrics["val/loss"]
+    assert abs(losses[True] - losses[False]) < 1e-5 * losses[False]

@@ -91,7 +91,7 @@ class Throughput(Callback):
     ) -> None:
         now = time.perf_counter()
         self._data_wait = now - self._last_end if self._last_end is not None else 0.0
-        if self.flops_per_batch is None:
+        if not self.effective_batch:  # the first training batch: measured once
             self.flops_per_batch = measure_flops_per_batch(pl_module, batch)
             self._log_effective_batch(trainer, pl_module, batch)
         self._batch_start = time.perf_counter()

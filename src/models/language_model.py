@@ -12,6 +12,7 @@ from torch import nn
 from torchmetrics import MaxMetric, SumMetric
 
 from src.models.exact_match import count_exact_matches
+from src.models.parallel import shard_decoder_layers
 from src.models.qwen import QwenConfig, QwenLM
 from src.utils.errors import ConfigError
 
@@ -30,11 +31,11 @@ class LanguageModel(LightningModule):
 
     The training loss is the mean over every supervised token of the optimizer step, however the
     tokens fall into micro-batches (gradient accumulation, packing, devices): each micro-batch
-    backpropagates its summed token losses over a normaliser fixed for the step (the label
-    positions B*T of its first micro-batch, the same on every device), and just before the
-    optimizer step, before gradient clipping, the accumulated gradient is rescaled by
-    normaliser x micro-batches x devices / supervised tokens of the whole step. When every
-    label is supervised the rescale is exactly 1. `train/loss` logs that step mean.
+    backpropagates its summed token losses over a normaliser fixed for the step (the rows B of
+    its first micro-batch, the same on every device), and just before the optimizer step,
+    before gradient clipping, the accumulated gradient is rescaled by normaliser x
+    micro-batches x devices / supervised tokens of the whole step. `train/loss` logs that step
+    mean.
 
     `config` is a QwenConfig as a plain dict and the optimizer settings are plain values, so
     checkpoints load with `torch.load(weights_only=True)`. `pretrained`, a transformers-format
@@ -77,6 +78,15 @@ class LanguageModel(LightningModule):
     def forward(self, input_ids, position_ids=None, cu_seqlens=None) -> torch.Tensor:
         return self.net(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens)
 
+    def configure_model(self) -> None:
+        """Shard the decoder layers under FSDP2 (`trainer=model_parallel`); a no-op otherwise."""
+        shard_decoder_layers(self.net, self.device_mesh)
+
+    def flops_per_batch(self, batch: dict[str, torch.Tensor]) -> float:
+        """Training FLOPs of a batch, per token slot (what the Throughput callback's MFU uses)."""
+        rows, length = batch["input_ids"].shape
+        return rows * length * self.net.flops_per_token(length)
+
     def setup(self, stage: str) -> None:
         vocab = getattr(getattr(self.trainer, "datamodule", None), "vocab_size", None)
         if vocab is not None and vocab > self.net.config.vocab_size:
@@ -88,7 +98,9 @@ class LanguageModel(LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         _, loss_sum, tokens = self._summed_loss(batch)
         if self._step_normaliser is None:
-            self._step_normaliser = batch["labels"].numel()
+            # Rows, not B*T: every rank's micro-batches hold the same number of rows, while
+            # padded rows may differ in length between ranks.
+            self._step_normaliser = batch["labels"].shape[0]
         self._step_loss_sum = self._step_loss_sum + loss_sum.detach()
         self._step_tokens = self._step_tokens + tokens
         return loss_sum / self._step_normaliser

@@ -98,3 +98,31 @@ class KillAtStep(Callback):
     def on_train_batch_end(self, trainer, *args, **kwargs):
         if trainer.global_step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+# A Qwen3-style LM small enough to train for a few steps in seconds.
+TINY_LM = [
+    "model=qwen3_tiny",
+    "model.config.hidden_size=32",
+    "model.config.intermediate_size=64",
+    "model.config.head_dim=16",
+]
+
+
+def shakespeare_excerpt(folder: Path, characters: int) -> Path:
+    """The first `characters` of Tiny Shakespeare as `folder/corpus.txt`, for data=text."""
+    path = folder / "corpus.txt"
+    path.write_text(
+        (ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt").read_text()[:characters]
+    )
+    return path
+
+
+def text_lm_overrides(corpus: Path) -> list[str]:
+    """data=text on `corpus`, keeping the checkpoint with the lowest validation loss."""
+    return [
+        "data=text",
+        f"data.paths=[{corpus}]",
+        "callbacks.model_checkpoint.monitor=val/loss",
+        "callbacks.model_checkpoint.mode=min",
+    ]

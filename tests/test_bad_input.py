@@ -13,10 +13,8 @@ from hydra.errors import MissingConfigException
 
 from src.utils import checkpoint_io
 from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError
-from tests.helpers import FAST, compose_config, write_mnist
+from tests.helpers import FAST, TINY_LM, compose_config, write_mnist
 from train import train
-
-TINY_LM = ["model=qwen3_tiny", "model.config.hidden_size=32", "model.config.head_dim=16"]
 
 
 def unknown_option(tmp_path):

@@ -11,7 +11,14 @@ from hydra.utils import instantiate
 from src.models.cnn import CNN
 from src.utils.errors import CheckpointError
 from src.utils.weights import load_network_weights, read_weights
-from tests.helpers import FAST, ROOT, compose_config
+from tests.helpers import (
+    FAST,
+    ROOT,
+    TINY_LM,
+    compose_config,
+    shakespeare_excerpt,
+    text_lm_overrides,
+)
 from train import train
 
 
@@ -143,23 +150,15 @@ def test_metrics_json_of_a_frozen_run_is_complete(tmp_path):
 
 
 def test_the_lm_trains_only_its_last_decoder_layer_and_final_norm(tmp_path):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text((ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt").read_text()[:4000])
     overrides = [
         *FAST,
-        "model=qwen3_tiny",
-        "model.config.hidden_size=32",
-        "model.config.intermediate_size=64",
-        "model.config.head_dim=16",
-        "data=text",
-        f"data.paths=[{corpus}]",
+        *TINY_LM,
+        *text_lm_overrides(shakespeare_excerpt(tmp_path, 4000)),
         "data.max_seq_len=64",
         "data.batch_size=4",
         "callbacks=freeze",
         "callbacks.freeze.train_only=[model.norm]",
         "callbacks.freeze.train_last_n=1",
-        "callbacks.model_checkpoint.monitor=val/loss",
-        "callbacks.model_checkpoint.mode=min",
         "test=false",
     ]
     cfg = compose_config(tmp_path / "run", overrides)

@@ -9,7 +9,7 @@ must stay below the spread that a change of seed alone causes.
 import pytest
 
 from src.data.text import TextDataModule
-from tests.helpers import FAST, ROOT, compose_config
+from tests.helpers import FAST, compose_config, shakespeare_excerpt, text_lm_overrides
 from train import train
 
 pytestmark = pytest.mark.slow
@@ -19,9 +19,7 @@ SEEDS = (42, 7)
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
-    path.write_text((ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt").read_text()[:60_000])
-    return path
+    return shakespeare_excerpt(tmp_path_factory.mktemp("corpus"), 60_000)
 
 
 def validation_loss(run_dir, corpus, seed: int, packing: bool, batch_size: int) -> float:
@@ -32,16 +30,13 @@ def validation_loss(run_dir, corpus, seed: int, packing: bool, batch_size: int) 
         "model.config.intermediate_size=128",
         "model.config.head_dim=16",
         "model.warmup_steps=5",
-        "data=text",
-        f"data.paths=[{corpus}]",
+        *text_lm_overrides(corpus),
         "data.max_seq_len=128",
         f"data.cache_dir={run_dir.parent / 'cache'}",
         f"data.packing={packing}",
         f"data.batch_size={batch_size}",
         f"seed={seed}",
         "trainer.max_epochs=3",
-        "callbacks.model_checkpoint.monitor=val/loss",
-        "callbacks.model_checkpoint.mode=min",
         "test=false",
     ]
     return train(compose_config(run_dir, overrides))["metrics"]["val/loss"]

@@ -19,7 +19,7 @@ from src.utils.packing_checks import (
     random_documents,
     run_checks,
 )
-from tests.helpers import ROOT
+from tests.helpers import shakespeare_excerpt
 from tests.test_qwen_model import perturbed_model, tiny_config
 
 ROW_LENGTH = 64  # four DeltaNet chunks of 16: documents start and end inside chunks
@@ -111,10 +111,7 @@ def test_check_packing_fails_a_model_that_leaks(monkeypatch, capsys):
 
 
 def test_validation_loss_is_the_same_packed_and_padded(tmp_path):
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text(
-        (ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt").read_text()[:20000]
-    )
+    corpus = shakespeare_excerpt(tmp_path, 20000)
     losses = {}
     for packing in (True, False):
         data = TextDataModule(

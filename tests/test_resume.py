@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import FAST, ROOT, compose_config
+from tests.helpers import FAST, ROOT, compose_config, shakespeare_excerpt, text_lm_overrides
 from train import train
 
 # Two epochs of 20 steps, a checkpoint after every step, bitwise-deterministic kernels, and
@@ -92,10 +92,9 @@ def test_sigkill_at_a_random_step_then_resume_matches_the_uninterrupted_run(
 def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path):
     """Epoch-based, with a cosine schedule over the run's total steps: asking the Trainer for
     them before the restore would lose the data loader's position (Lightning #20550)."""
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text((ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt").read_text()[:6000])
     run = [
         *FAST,
+        *text_lm_overrides(shakespeare_excerpt(tmp_path, 6000)),
         "model=qwen3_next_tiny",
         "model.config.hidden_size=32",
         "model.config.intermediate_size=64",
@@ -103,15 +102,11 @@ def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path):
         "model.config.linear_key_head_dim=8",
         "model.config.linear_value_head_dim=8",
         "model.warmup_steps=2",
-        "data=text",
-        f"data.paths=[{corpus}]",
         "data.max_seq_len=64",
         "data.batch_size=2",
         f"data.cache_dir={tmp_path / 'cache'}",
         "trainer.max_epochs=2",
         "trainer.deterministic=true",
-        "callbacks.model_checkpoint.monitor=val/loss",
-        "callbacks.model_checkpoint.mode=min",
         "callbacks.last_checkpoint.every_n_train_steps=1",
         "callbacks.last_checkpoint.every_n_epochs=null",
         "test=false",

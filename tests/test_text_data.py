@@ -20,7 +20,7 @@ from src.data.tokenizers import ByteTokenizer, build_tokenizer, load_pretrained
 from src.models.exact_match import count_exact_matches
 from src.models.qwen import QwenConfig
 from src.utils.errors import ConfigError
-from tests.helpers import FAST, compose_config
+from tests.helpers import FAST, TINY_LM, compose_config, text_lm_overrides
 from train import train
 
 PARAGRAPHS = [
@@ -241,19 +241,13 @@ def test_the_synthetic_answers_are_right_and_reproducible():
 def test_a_text_run_logs_its_packing_and_draws_its_sample_lengths(corpus, tmp_path):
     overrides = [
         *FAST,
-        "model=qwen3_tiny",
-        "model.config.hidden_size=32",
-        "model.config.intermediate_size=64",
-        "model.config.head_dim=16",
-        "data=text",
-        f"data.paths=[{corpus}]",
+        *TINY_LM,
+        *text_lm_overrides(corpus),
         "data.max_seq_len=128",
         "data.batch_size=4",
         "data.tokenizer.kind=bpe",
         "data.tokenizer.vocab_size=300",
         "model.config.vocab_size=320",
-        "callbacks.model_checkpoint.monitor=val/loss",
-        "callbacks.model_checkpoint.mode=min",
         "trainer.log_every_n_steps=1",
         "callbacks.throughput.warmup_steps=1",
         "test=false",

@@ -48,20 +48,21 @@ def test_update_lr_false_only_suggests(tmp_path):
     assert first_logged_lr(tmp_path) == pytest.approx(1e-3)  # optimizer.lr of conf/optimizer/adam
 
 
-def val_accuracy(cfg, state_dict):
+def accuracy(cfg, state_dict, split: str) -> float:
     model = hydra.utils.instantiate(cfg.model)
     model.load_state_dict(state_dict)
     model.eval()
     datamodule = hydra.utils.instantiate(cfg.data)
-    datamodule.setup("fit")
+    datamodule.setup()
+    loader = getattr(datamodule, f"{split}_dataloader")()
     with torch.no_grad():
-        hits = [model(x).argmax(dim=1) == y for x, y in datamodule.val_dataloader()]
+        hits = [model(x).argmax(dim=1) == y for x, y in loader]
     return torch.cat(hits).float().mean().item()
 
 
 def test_ema_validates_and_checkpoints_the_averaged_weights(tmp_path):
-    cfg = compose_config(tmp_path, [*FAST, "callbacks=[default,ema]", "logger=csv", "test=false"])
-    train(cfg)
+    cfg = compose_config(tmp_path, [*FAST, "callbacks=[default,ema]", "logger=csv"])
+    record = train(cfg)
     checkpoint = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     averaged, raw = checkpoint["state_dict"], checkpoint["current_model_state"]
     assert averaged.keys() == raw.keys()
@@ -69,4 +70,7 @@ def test_ema_validates_and_checkpoints_the_averaged_weights(tmp_path):
     gap = max((averaged[key] - raw[key]).abs().max().item() for key in raw)
     assert gap > 1e-3, f"the averaged weights equal the raw ones (largest difference {gap})"
     logged = json.loads((tmp_path / "metrics.json").read_text())["metrics"]["val/acc"]
-    assert val_accuracy(cfg, averaged) == pytest.approx(logged, abs=1e-6)
+    assert accuracy(cfg, averaged, "val") == pytest.approx(logged, abs=1e-6)
+    # The test after fitting scores the best checkpoint's averaged weights too.
+    best = load_checkpoint(record["best_model_path"])["state_dict"]
+    assert accuracy(cfg, best, "test") == pytest.approx(record["metrics"]["test/acc"], abs=1e-6)

@@ -5,13 +5,10 @@ import json
 import logging
 from pathlib import Path
 
-import matplotlib
 import numpy
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
-
-matplotlib.use("Agg")
-from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from src.data.sampler import resumable_sampler
+from src.data.sampler import resumable_loader
 from src.data.tokenizers import ByteTokenizer
 from src.utils.errors import ConfigError, DataError, MissingFileError
 
@@ -114,13 +114,4 @@ class ByteTextDataModule(LightningDataModule):
         return self._loader("test", self.eval_batch_size, shuffle=False)
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
-        # Its position and shuffle order go into checkpoints, so a resumed run continues exactly.
-        sampler = resumable_sampler(self, self.datasets[split], shuffle, self.shuffle_seed)
-        return StatefulDataLoader(
-            self.datasets[split],
-            batch_size=batch_size,
-            sampler=sampler,
-            drop_last=shuffle,  # equal training batches keep every optimizer step the same size
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
-        )
+        return resumable_loader(self, self.datasets[split], batch_size, shuffle)

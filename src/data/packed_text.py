@@ -18,7 +18,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.collate import collate_rows
 from src.data.packing import Sample, TokenAccounting, fit_to_length, pack
-from src.data.sampler import resumable_sampler
+from src.data.sampler import resumable_loader
 from src.data.token_cache import cache_key, cached_samples
 from src.data.tokenizers import build_tokenizer
 from src.utils.errors import ConfigError, DataError
@@ -245,23 +245,14 @@ class PackedTextDataModule(LightningDataModule):
         return self._loader("test", self.eval_batch_size, shuffle=False)
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
-        # Its position and shuffle order go into checkpoints, so a resumed run continues exactly.
         dataset = self.datasets[split]
         if self.bucket_by_length:  # items are whole batches
             dataset = BucketedBatches(dataset, batch_size, self.split_seed, drop_last=shuffle)
             batch_size = None
-        sampler = resumable_sampler(self, dataset, shuffle, self.shuffle_seed)
-        return StatefulDataLoader(
-            dataset,
-            batch_size=batch_size,
-            sampler=sampler,
-            collate_fn=partial(
-                collate_rows,
-                pad_id=self.tokenizer.pad_token_id,
-                row_length=self.max_seq_len if self.packing else None,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-            ),
-            drop_last=shuffle and batch_size is not None,  # every rank takes as many full batches
-            num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+        collate = partial(
+            collate_rows,
+            pad_id=self.tokenizer.pad_token_id,
+            row_length=self.max_seq_len if self.packing else None,
+            pad_to_multiple_of=self.pad_to_multiple_of,
         )
+        return resumable_loader(self, dataset, batch_size, shuffle, collate_fn=collate)

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset
+from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
 
 # Raised inside torchdata by its own use of a deprecated torch call; nothing for users to do.
@@ -37,4 +38,26 @@ def resumable_sampler(
     seed = torch.initial_seed() if shuffle_seed is None else shuffle_seed
     return ResumableDistributedSampler(
         dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed % 2**63
+    )
+
+
+def resumable_loader(
+    datamodule: LightningDataModule,
+    dataset: Dataset,
+    batch_size: int | None,
+    shuffle: bool,
+    **options: Any,
+) -> StatefulDataLoader:
+    """A loader over `dataset` whose position and shuffle order go into checkpoints, so that a
+    resumed run continues exactly. Shuffled (training) loaders drop the last partial batch:
+    every optimizer step has the same size, on every rank. Uses the datamodule's
+    `shuffle_seed` and `num_workers`."""
+    return StatefulDataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=resumable_sampler(datamodule, dataset, shuffle, datamodule.shuffle_seed),
+        drop_last=shuffle and batch_size is not None,
+        num_workers=datamodule.num_workers,
+        persistent_workers=datamodule.num_workers > 0,
+        **options,
     )

@@ -23,4 +23,4 @@ def test_quick_packing_benchmark_reports_both_arms_of_every_model(tmp_path):
     report = output.read_text()
     assert report.startswith("Machine: ")
     assert "| " + " | ".join(COLUMNS) + " |" in report
-    assert re.search(r"Cold start: sft: tokenise \+ pack [\d.]+ s with an empty cache", report)
+    assert re.search(r"sft: bytes [\d.]+ s with an empty cache, [\d.]+ s from it; BPE", report)

@@ -171,8 +171,9 @@ def sft_module(path, tmp_path, **options) -> SFTDataModule:
     return module
 
 
-def test_sft_targets_are_the_answers_and_their_stop_tokens_only(chats, tmp_path):
-    module = sft_module(chats, tmp_path)
+@pytest.mark.parametrize("tokenizer", [{"kind": "byte"}, {"kind": "bpe", "vocab_size": 300}])
+def test_sft_targets_are_the_answers_and_their_stop_tokens_only(chats, tmp_path, tokenizer):
+    module = sft_module(chats, tmp_path, tokenizer=tokenizer)
     chat = max(module.datasets["train"].samples, key=len)
     tokens, targets = chat.tokens.tolist(), chat.targets.tolist()
     assert module.tokenizer.decode(tokens).startswith("Be brief.\nUser: Name a colour.\nBot: ")

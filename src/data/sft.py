@@ -91,17 +91,17 @@ class SFTDataModule(PackedTextDataModule):
         return f"sft|{file_fingerprint([self.jsonl_path()])}|{sorted(self.template.items())}"
 
     def document_text(self, conversation: list[dict[str, str]]) -> str:
-        return "".join(text for text, _ in self.render(conversation) if isinstance(text, str))
+        return "".join(text for text, _ in self.render(conversation) if text is not None)
 
     # -- tokens ------------------------------------------------------------------------------
 
-    def render(self, conversation: list[dict[str, str]]) -> list[tuple[str | int, bool]]:
-        """The conversation as (text, is target) pieces; the int piece is the end-of-turn id."""
-        pieces: list[tuple[str | int, bool]] = []
+    def render(self, conversation: list[dict[str, str]]) -> list[tuple[str | None, bool]]:
+        """The conversation as (text, is target) pieces; None stands for the end-of-turn token."""
+        pieces: list[tuple[str | None, bool]] = []
         for turn in conversation:
             if turn["role"] == "assistant":
                 pieces += [(self.template["assistant"], False), (turn["content"], True)]
-                pieces.append((self.tokenizer.eos_token_id, True))
+                pieces.append((None, True))
             else:
                 pieces.append((self.template[turn["role"]].format(content=turn["content"]), False))
         return pieces
@@ -109,7 +109,7 @@ class SFTDataModule(PackedTextDataModule):
     def tokenize(self, conversation: list[dict[str, str]]) -> Sample:
         tokens, targets = [], []
         for piece, is_target in self.render(conversation):
-            ids = [piece] if isinstance(piece, int) else self.tokenizer.encode(piece)
+            ids = [self.tokenizer.eos_token_id] if piece is None else self.tokenizer.encode(piece)
             tokens += ids
             targets += [is_target] * len(ids)
         return Sample(torch.tensor(tokens, dtype=torch.long), torch.tensor(targets))

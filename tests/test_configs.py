@@ -12,7 +12,10 @@ from train import train
 REQUIRED = {  # options whose data has no embedded default
     "data=imagefolder": ["data.data_dir=/data/images", "data.num_classes=5"],
     "data=tensors": ["data.path=arrays.npz", "data.num_classes=3", "data.input_shape=[1,8,8]"],
-    "data=shakespeare_bytes": ["model=qwen3_tiny"],  # text data needs a language model
+    # Text data needs a language model.
+    "data=shakespeare_bytes": ["model=qwen3_tiny"],
+    "data=text": ["model=qwen3_tiny"],
+    "data=sft": ["model=qwen3_tiny"],
 }
 
 

@@ -250,6 +250,7 @@ def test_sharding_refuses_a_tensor_parallel_mesh():
         shard_decoder_layers(None, TensorParallelMesh())
 
 
+@pytest.mark.slow
 def test_two_ddp_processes_train_the_lm_like_one_with_the_same_global_batch(tmp_path):
     """16 rows per step either way: 16 at once, or 4 per micro-batch x 2 accumulated x 2 ranks.
     In float64 the two agree to rounding (about 1e-13); in fp32 they differ by up to 1e-5 after

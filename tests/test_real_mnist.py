@@ -38,6 +38,7 @@ def real_mnist_root(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_cnn_reaches_97_percent_on_real_mnist_digits(tmp_path, real_mnist_root):
     cfg = compose_config(
         tmp_path,

@@ -89,6 +89,7 @@ def test_sigkill_at_a_random_step_then_resume_matches_the_uninterrupted_run(
     assert metrics == expected_metrics
 
 
+@pytest.mark.slow
 def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path):
     """Epoch-based, with a cosine schedule over the run's total steps: asking the Trainer for
     them before the restore would lose the data loader's position (Lightning #20550)."""

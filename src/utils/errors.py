@@ -12,6 +12,10 @@ class ConfigError(UserFacingError, ValueError):
     """A config value that cannot work, with the key, the value and what was expected."""
 
 
+class LaunchError(ConfigError):
+    """A way of launching that no job of a sweep can run: it ends a multirun at once."""
+
+
 class CheckpointError(UserFacingError, RuntimeError):
     """A checkpoint that cannot be written or read, with what to do about it."""
 
@@ -25,7 +29,8 @@ def exit_on_user_error(main: Callable) -> Callable:
     instantiate) as one clear message and exit with status 1, without a traceback.
 
     Inside a Hydra multirun the error is raised as it is instead: the sweep records the job as
-    failed and goes on (an Optuna search tries other values) rather than exiting mid-sweep.
+    failed and goes on (an Optuna search tries other values) rather than exiting mid-sweep;
+    except a LaunchError, which every job would hit.
     """
 
     @functools.wraps(main)
@@ -36,7 +41,7 @@ def exit_on_user_error(main: Callable) -> Callable:
             cause = error
             while cause is not None and not isinstance(cause, UserFacingError):
                 cause = cause.__cause__ or cause.__context__
-            if cause is None or _in_multirun():
+            if cause is None or (_in_multirun() and not isinstance(cause, LaunchError)):
                 raise
             raise SystemExit(f"Error: {cause}") from None
 

@@ -10,7 +10,7 @@ from lightning.pytorch import Trainer
 from omegaconf import DictConfig, OmegaConf
 
 from src.callbacks.run_config import RunConfigInCheckpoint
-from src.utils.errors import ConfigError
+from src.utils.errors import LaunchError
 from src.utils.instantiate import instantiate_group
 
 
@@ -38,7 +38,7 @@ def check_launch(cfg: DictConfig) -> None:
     strategy = strategy_name(cfg.trainer.get("strategy", "auto"))
     devices = cfg.trainer.get("devices", 1)
     if strategy.lower().startswith(("ddp", "fsdp", "modelparallel")) and devices != 1:
-        raise ConfigError(
+        raise LaunchError(
             f"A multirun (-m) cannot use trainer.strategy={strategy} with {devices} devices: "
             f"Lightning re-executes the command line for the other ranks, so each would start "
             f"the whole sweep again. Run each configuration as its own command, or sweep "

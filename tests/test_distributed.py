@@ -3,6 +3,7 @@ one process, DDP resumes exactly, launches that would break are refused; FSDP is
 config (Lightning runs it on GPUs only)."""
 
 import copy
+import json
 import os
 import random
 import signal
@@ -116,6 +117,7 @@ def test_a_multirun_with_ddp_is_refused_with_the_way_out(tmp_path):
     )
     assert result.returncode != 0
     assert "cannot use trainer.strategy=ddp" in result.stderr and "Traceback" not in result.stderr
+    assert "trainer.strategy=ddp_spawn" in result.stderr  # the way out
 
 
 class KillGroupAtStep(Callback):
@@ -293,3 +295,30 @@ def test_two_fsdp2_processes_train_the_lm_like_one_with_the_same_global_batch(tm
         ],
     )
     assert_same_weights(one, two, rtol=0, atol=2e-5)
+
+
+@pytest.mark.slow
+def test_a_multirun_with_ddp_spawn_runs_every_job_and_summarises_the_sweep(tmp_path):
+    """The combination that works locally: ddp_spawn starts its ranks with multiprocessing
+    inside each job instead of re-running the command line."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            "-m",
+            "trainer=ddp_cpu",
+            "trainer.strategy=ddp_spawn",
+            "seed=1,2",
+            *FAST,
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        start_new_session=True,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    for job in ("0", "1"):
+        assert "test/acc" in json.loads((tmp_path / job / "metrics.json").read_text())["metrics"]
+    assert (tmp_path / "summary.md").read_text().count("| ok |") == 2

@@ -29,20 +29,29 @@ def run_overrides() -> list[str]:
 def check_launch(cfg: DictConfig) -> None:
     """Refuse a launch combination known to break: a Hydra multirun whose jobs start their
     distributed processes themselves (with `ddp`, `fsdp` or model parallel, Lightning re-runs
-    the command line for each rank, so each child re-runs the whole sweep). Under SLURM's srun
-    (e.g. the submitit launcher) or torchrun the ranks already exist and nothing is re-run."""
+    the command line for each rank, so each child re-runs the whole sweep). `ddp_spawn` starts
+    its ranks with multiprocessing instead and works; under SLURM's srun (e.g. the submitit
+    launcher) or torchrun the ranks already exist and nothing is re-run."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return
     if SLURMEnvironment.detect() or TorchElasticEnvironment.detect():
         return
     strategy = strategy_name(cfg.trainer.get("strategy", "auto"))
     devices = cfg.trainer.get("devices", 1)
-    if strategy.lower().startswith(("ddp", "fsdp", "modelparallel")) and devices != 1:
+    spawns = (
+        strategy.lower() == "ddp_spawn"
+    )  # starts its ranks with multiprocessing, re-runs nothing
+    if (
+        strategy.lower().startswith(("ddp", "fsdp", "modelparallel"))
+        and devices != 1
+        and not spawns
+    ):
         raise LaunchError(
             f"A multirun (-m) cannot use trainer.strategy={strategy} with {devices} devices: "
             f"Lightning re-executes the command line for the other ranks, so each would start "
-            f"the whole sweep again. Run each configuration as its own command, or sweep "
-            f"with a cluster launcher that starts the ranks itself (hydra/launcher=slurm)."
+            f"the whole sweep again. Use trainer.strategy=ddp_spawn, run each configuration as its "
+            f"own command, or sweep with a cluster launcher that starts the ranks itself "
+            f"(hydra/launcher=slurm)."
         )
 
 

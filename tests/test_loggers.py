@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from src.utils.errors import ConfigError
 from tests.helpers import FAST, compose_config
 from train import train
 
@@ -56,3 +57,15 @@ def read_when_written(path, marker, timeout_s=10.0):
     while marker not in (data := path.read_bytes()) and time.monotonic() < deadline:
         time.sleep(0.1)
     return data
+
+
+def test_a_logger_whose_extra_is_missing_names_the_install_command(tmp_path, monkeypatch):
+    from lightning.pytorch.loggers import mlflow
+    from lightning_utilities.core.imports import RequirementCache
+
+    monkeypatch.setattr(mlflow, "_MLFLOW_AVAILABLE", RequirementCache("mlflow-not-installed"))
+    cfg = compose_config(tmp_path, [*FAST, "logger=mlflow"])
+    with pytest.raises(
+        ConfigError, match=r'mlflow \(MLFlowLogger\) needs a package .* "\.\[loggers\]"'
+    ):
+        train(cfg)

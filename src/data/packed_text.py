@@ -164,13 +164,18 @@ class PackedTextDataModule(LightningDataModule):
             self.setup()
         return self.tokenizer.vocab_size
 
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
+    def prepare_data(self) -> None:
+        """Tokenise into the cache once, on one process per node, before every rank's setup
+        reads it back (with a cache folder; without one each rank tokenises for itself)."""
+        if self.cache_dir is not None:
+            self.tokenized()
+
+    def tokenized(self) -> tuple[list[Any], dict[str, torch.Tensor], Any, list[Sample]]:
+        """(documents, document indices of each split, tokenizer, one sample per document)."""
         documents = self.load_documents()
         split_of = self.split_documents(len(documents))
         source = self.source_fingerprint()
-        self.tokenizer = build_tokenizer(
+        tokenizer = build_tokenizer(
             **self.tokenizer_options,
             training_texts=lambda: (
                 self.document_text(documents[i]) for i in split_of["train"].tolist()
@@ -178,11 +183,18 @@ class PackedTextDataModule(LightningDataModule):
             cache_dir=self.cache_dir,
             cache_key=f"{source}|{self.split_seed}|{self.fractions}",
         )
+        self.tokenizer = tokenizer  # `tokenize` reads it
         samples = cached_samples(
             self.cache_dir,
-            cache_key(source, self.tokenizer.fingerprint),
+            cache_key(source, tokenizer.fingerprint),
             lambda: [self.tokenize(document) for document in documents],
         )
+        return documents, split_of, tokenizer, samples
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        documents, split_of, self.tokenizer, samples = self.tokenized()
         for split in SPLITS:
             indices = split_of[split].tolist()
             fitted, self.accounting[split] = fit_to_length(

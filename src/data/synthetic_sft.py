@@ -14,6 +14,8 @@ import string
 from collections.abc import Callable
 from pathlib import Path
 
+from src.utils.checkpoint_io import write_atomically
+
 WORDS = (
     "apple", "river", "stone", "light", "cloud", "garden", "window", "silver", "forest",
     "candle", "bridge", "paper", "music", "winter", "orange", "mirror", "yellow", "island",
@@ -99,7 +101,6 @@ def make_examples(count: int, seed: int = 0, chat_fraction: float = 0.25) -> lis
 
 
 def write_jsonl(examples: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as file:
-        for example in examples:
-            file.write(json.dumps(example) + "\n")
+    """One JSON object per line, written atomically (ranks may create the same file at once)."""
+    text = "".join(json.dumps(example) + "\n" for example in examples)
+    write_atomically(path, text.encode("utf-8"), what="JSONL file")

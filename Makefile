@@ -14,10 +14,10 @@ help: ## Show this help
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,loggers]"
 	touch $(STAMP)
 
-install: $(STAMP) ## Create .venv/ and install the project (editable) with its dev extra
+install: $(STAMP) ## Create .venv/ and install the project (editable) with its dev and loggers extras
 
 check-env: $(STAMP) ## Print versions, GPUs, CPU bf16 support and the trainer/precision to use
 	$(PY) scripts/check_env.py

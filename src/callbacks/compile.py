@@ -103,7 +103,7 @@ class Compile(Callback):
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         metrics = {"perf/recompiles": float(len(self.recorder.reasons))}
-        if compile_time := self.compile_time():
+        if (compile_time := self.compile_time()) is not None:  # 0.0 is a measurement too
             metrics["perf/compile_time_s"] = compile_time
         for key, value in metrics.items():
             pl_module.log(key, value, on_step=False, on_epoch=True, rank_zero_only=True)

@@ -1,0 +1,303 @@
+"""The README's commands work as written, and the files, options and targets it names exist.
+
+A shell block whose info string is `bash runnable` (CONTRIBUTING.md) holds commands that must
+succeed, one per line. The tests run them in README order in a temporary copy of the tracked
+files, with the current interpreter for `python` and overrides appended that shrink each run to
+a few batches (a value the command sets itself wins, except the FORCED ones). `<run>` in a path
+is the run directory of the newest matching file that an earlier command wrote. `make test` runs
+the commands in FAST; `make test-slow` runs all of them.
+"""
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+RUNNABLE = "bash runnable"
+
+# The essential path through the README, a few seconds each: the ones `make test` runs.
+FAST = (
+    "make check-env",
+    "make train",
+    "make help",
+    "python eval.py ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt",
+    "python predict.py ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt input=digit.png",
+    "python train.py experiment=lm_shakespeare",
+    "python scripts/generate.py --ckpt logs/train/runs/<run>/checkpoints/last.ckpt"
+    ' --prompt "ROMEO:"',
+    "python scripts/export.py ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt",
+)
+
+# Appended to every `train.py` run unless the command sets the key: a few batches, no bar.
+QUICK = [
+    "trainer.max_epochs=1",
+    "trainer.limit_train_batches=2",
+    "trainer.limit_val_batches=2",
+    "trainer.limit_test_batches=2",
+    "trainer.enable_progress_bar=false",
+    "callbacks.rich_progress_bar=null",
+]
+# Language models: two steps of a model a few hundred times smaller.
+TINY_LM = [
+    "model.config.hidden_size=32",
+    "model.config.intermediate_size=64",
+    "model.config.head_dim=16",
+]
+HYDRA_SCRIPTS = ("train.py", "eval.py", "predict.py", "scripts/export.py")
+OTHER_SCRIPTS = (
+    "scripts/check_env.py",
+    "scripts/check_packing.py",
+    "scripts/generate.py",
+    "scripts/make_sft_data.py",
+)
+CHEAP_MAKE_TARGETS = ("help", "check-env", "train")
+
+
+@dataclass(frozen=True)
+class Command:
+    text: str  # as written, without its comment
+    line: int  # in README.md
+
+    @property
+    def argv(self) -> list[str]:
+        return shlex.split(self.text)
+
+
+def code_blocks(text: str) -> list[tuple[str, int, list[str]]]:
+    """Every fenced block: (info string, line number of its first line, its lines)."""
+    blocks, info, start, lines = [], None, 0, []
+    for number, line in enumerate(text.splitlines(), start=1):
+        fence = re.match(r"\s*```(.*)$", line)
+        if fence and info is None:
+            info, start, lines = fence.group(1).strip(), number + 1, []
+        elif fence and line.strip() == "```":
+            blocks.append((info, start, lines))
+            info = None
+        elif info is not None:
+            lines.append(line)
+    return blocks
+
+
+def runnable_commands() -> list[Command]:
+    commands = []
+    for info, start, lines in code_blocks(README.read_text()):
+        if info != RUNNABLE:
+            continue
+        for offset, line in enumerate(lines):
+            text = " ".join(re.sub(r"(^|\s)#.*$", "", line).split())
+            if text:
+                commands.append(Command(text, start + offset))
+    return commands
+
+
+def setting(arg: str) -> str | None:
+    """The key a Hydra override sets (`+trainer.x=1` -> `trainer.x`), None for other args."""
+    if "=" not in arg or arg.startswith("-"):
+        return None
+    return arg.split("=", 1)[0].lstrip("+~")
+
+
+def train_overrides(args: list[str]) -> tuple[list[str], list[str]]:
+    """(defaults, forced) that shrink `python train.py <args>` to seconds."""
+    if "--help" in args or "--cfg" in args:
+        return [], []
+    defaults = list(QUICK)
+    if any(arg.startswith("debug=") for arg in args):  # debug configs have no callbacks
+        defaults.remove("callbacks.rich_progress_bar=null")
+    if any(arg.startswith("+profile=") for arg in args):  # past the recorded window
+        defaults.append("trainer.limit_train_batches=8")
+    if any(arg.startswith("+tune=lr_find") for arg in args):  # enough points for a suggestion
+        defaults += ["trainer.limit_train_batches=null", "callbacks.lr_find.num_training_steps=20"]
+    if any(arg.startswith(("experiment=lm_", "model=qwen")) for arg in args):
+        defaults += ["trainer.max_steps=2", *TINY_LM]
+    if "experiment=lm_sft" in args:
+        defaults += ["data.synthetic_count=200", "data.exact_match_samples=2"]
+    forced = ["hydra.sweeper.n_trials=2"] if "hparams_search=optuna" in args else []
+    return defaults, forced
+
+
+def with_overrides(args: list[str], defaults: list[str], forced: list[str]) -> list[str]:
+    """`args`, then each default whose key they do not set (the last one per key), then forced."""
+    taken = {setting(arg) for arg in args}
+    chosen = {setting(d): d for d in defaults if setting(d) not in taken}
+    return [*args, *chosen.values(), *forced]
+
+
+def adapt(argv: list[str]) -> list[str]:
+    """The command to run for a README command: this interpreter, shrunk to seconds."""
+    program, *args = argv
+    if program == "make":
+        (target,) = args[:1] or ["help"]
+        assert target in CHEAP_MAKE_TARGETS, f"make {target} is not cheap enough to run here"
+        # -o: never (re)install the environment from the copy; PY: this interpreter.
+        make = ["make", "-s", "-o", ".venv/.installed", f"PY={sys.executable}", *args]
+        if target == "train":
+            make.append(f"ARGS={shlex.join(with_overrides([], *train_overrides([])))}")
+        return make
+    assert program in ("python", ".venv/bin/python"), f"{program}: not a command this test runs"
+    script, *args = args
+    assert script in HYDRA_SCRIPTS + OTHER_SCRIPTS, f"{script}: not a script this test knows"
+    if script == "train.py":
+        args = with_overrides(args, *train_overrides(args))
+    elif script == "eval.py":
+        args = with_overrides(args, QUICK[3:], [])
+    elif script == "scripts/check_packing.py":
+        args = with_overrides(args, TINY_LM, [])
+    elif script == "scripts/generate.py" and "--max-new-tokens" not in args:
+        args += ["--max-new-tokens", "16"]
+    return [sys.executable, script, *args]
+
+
+def resolve(arg: str, root: Path) -> str:
+    """`arg` with a path holding `<run>` pointed at the newest such file under `root`."""
+    match = re.search(r"[^=\s]*<run>[^\s]*", arg)
+    if not match:
+        return arg
+    pattern = match.group(0)
+    found = [path for path in root.glob(pattern.replace("<run>", "*")) if path.exists()]
+    assert found, f"no earlier command wrote {pattern}"
+    newest = max(found, key=lambda path: path.stat().st_mtime_ns)
+    return arg.replace(pattern, str(newest.relative_to(root)))
+
+
+def write_user_files(root: Path) -> None:
+    """What the README expects users to bring: an image and a folder of images of digits."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    for index in range(4):
+        pixels = (digits.images[index] * (255 / 16)).astype(np.uint8)  # light on dark, as trained
+        image = Image.fromarray(pixels).resize((32, 32), Image.Resampling.NEAREST)
+        (root / "my_images" / str(digits.target[index])).mkdir(parents=True, exist_ok=True)
+        image.save(root / "my_images" / str(digits.target[index]) / f"{index}.png")
+        if index == 0:
+            image.save(root / "digit.png")
+
+
+def copy_repository(dest: Path) -> Path:
+    """The tracked files of the working tree (as they are now) under `dest`."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    write_user_files(dest)
+    return dest
+
+
+def run_in_copy(commands: list[Command], tmp_path: Path) -> None:
+    root = copy_repository(tmp_path / "repo")
+    env = {k: v for k, v in os.environ.items() if k != "PROJECT_ROOT"}  # the copy is the root
+    for command in commands:
+        argv = [resolve(arg, root) for arg in adapt(command.argv)]
+        start = time.perf_counter()
+        result = subprocess.run(
+            argv, cwd=root, env=env, capture_output=True, text=True, timeout=600
+        )
+        print(f"{time.perf_counter() - start:6.1f} s  README.md:{command.line}  {command.text}")
+        if result.returncode != 0:
+            output = (result.stdout + result.stderr)[-4000:]
+            pytest.fail(
+                f"README.md line {command.line}: `{command.text}` exited with "
+                f"{result.returncode}.\nRan: {shlex.join(argv)}\n{output}"
+            )
+
+
+def test_the_fast_readme_commands_run_as_written(tmp_path):
+    run_in_copy([c for c in runnable_commands() if c.text in FAST], tmp_path)
+
+
+@pytest.mark.slow
+def test_every_runnable_readme_command_runs_as_written(tmp_path):
+    run_in_copy(runnable_commands(), tmp_path)
+
+
+def test_every_runnable_command_can_be_run_and_every_fast_one_is_in_the_readme():
+    commands = runnable_commands()
+    texts = [command.text for command in commands]
+    assert len(commands) >= len(FAST)
+    missing = [text for text in FAST if text not in texts]
+    assert not missing, f"FAST names commands the README no longer has: {missing}"
+    for command in commands:
+        argv = adapt(command.argv)  # fails for a program or make target it cannot run
+        others = [p for p in re.findall(r"<[^>]*>", " ".join(argv)) if p != "<run>"]
+        assert not others, f"README.md line {command.line}: placeholders {others} cannot run"
+
+
+def test_blocks_are_closed_and_runnable_lines_are_single_commands():
+    assert README.read_text().count("```") % 2 == 0, "an unclosed code fence"
+    for command in runnable_commands():
+        assert not re.search(r"\\$|&&|\|\||;|\|", command.text), (
+            f"README.md line {command.line}: one plain command per line (no `\\`, `&&`, `;`, "
+            f"pipes), so that the tests can run it"
+        )
+
+
+def test_links_and_paths_in_the_readme_exist():
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)#\s]+)[^)]*\)", text)
+    named = re.findall(
+        r"(?<![\w/.<-])((?:conf|src|scripts|tests|notebooks|docs)/[\w./*-]*|CONTRIBUTING\.md|"
+        r"Makefile|train\.py|eval\.py|predict\.py)",
+        text,
+    )
+    paths = {p.rstrip(".,:") for p in links + named if not p.startswith(("http:", "https:"))}
+    for required in ("docs/BENCHMARKS.md", "CONTRIBUTING.md", "notebooks/quickstart.ipynb"):
+        assert required in paths, f"the README does not link {required}"
+    missing = sorted(p for p in paths if not any(ROOT.glob(p)))
+    assert not missing, f"the README names files that do not exist: {missing}"
+    anchors = {
+        re.sub(r"[^\w\- ]", "", heading).strip().lower().replace(" ", "-")
+        for heading in re.findall(r"^#+ (.*)$", text, re.MULTILINE)
+    }
+    broken = sorted(set(re.findall(r"\]\(#([^)]+)\)", text)) - anchors)
+    assert not broken, f"links to headings that do not exist: {broken}"
+
+
+def test_every_make_target_and_config_option_in_the_readme_exists():
+    makefile = (ROOT / "Makefile").read_text()
+    targets = set(re.findall(r"^([\w-]+):", makefile, re.MULTILINE))
+    text = README.read_text()
+    for info, start, lines in code_blocks(text):
+        if not info.startswith("bash"):
+            continue
+        for number, line in enumerate(lines, start):
+            argv = shlex.split(line, comments=True)
+            if argv[:1] == ["make"]:
+                assert argv[1] in targets, f"README.md line {number}: no make target {argv[1]}"
+            for arg in argv:
+                group, _, option = arg.lstrip("+").partition("=")
+                if not (ROOT / "conf" / group).is_dir() or "." in group:
+                    continue
+                for name in option.strip("[]").split(","):
+                    path = ROOT / "conf" / group / f"{name}.yaml"
+                    assert path.is_file(), f"README.md line {number}: no option {group}={name}"
+
+
+def test_the_groups_table_lists_every_group_with_options_that_exist():
+    rows = re.findall(r"^\| `([\w/]+)` \| (.*?) \|", README.read_text(), re.MULTILINE)
+    table = {group: cell for group, cell in rows if (ROOT / "conf" / group).is_dir()}
+    groups = {
+        str(path.relative_to(ROOT / "conf"))
+        for path in (ROOT / "conf").rglob("*")
+        if path.is_dir() and any(path.glob("*.yaml"))
+    }
+    undocumented = groups - set(table) - {"paths", "hydra"}
+    assert not undocumented, f"config groups missing from the README's table: {undocumented}"
+    for group, cell in table.items():
+        for option in re.findall(r"`([\w-]+)`", cell):
+            assert (ROOT / "conf" / group / f"{option}.yaml").is_file(), f"{group}={option}"

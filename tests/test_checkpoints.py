@@ -97,6 +97,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_a_process_killed_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     path = tmp_path / "last.ckpt"
     for delay in (0.9, 1.3, 1.7):

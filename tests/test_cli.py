@@ -41,6 +41,7 @@ def test_multirun_runs_each_job_in_its_own_dir_and_summarises_the_sweep(tmp_path
     assert len(rows) == 3 and "val/acc_best" in rows[0]
 
 
+@pytest.mark.slow
 def test_a_job_with_bad_input_fails_alone_and_the_sweep_goes_on(tmp_path):
     result = run(
         "train.py",

@@ -91,6 +91,7 @@ def assert_same_weights(one, two, rtol, atol):
         torch.testing.assert_close(two[key], expected, rtol=rtol, atol=atol, msg=key)
 
 
+@pytest.mark.slow
 def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     one, two = one_and_two_processes(
         tmp_path, COMMON, ["data.batch_size=64"], ["trainer=ddp_cpu", "data.batch_size=32"]

@@ -126,3 +126,19 @@ def text_lm_overrides(corpus: Path) -> list[str]:
         "callbacks.model_checkpoint.monitor=val/loss",
         "callbacks.model_checkpoint.mode=min",
     ]
+
+
+def small_image_folder_overrides(folder: Path) -> list[str]:
+    """data=imagefolder on a folder of 16x16 RGB images of 3 classes, without augmentation."""
+    return [
+        "data=imagefolder",
+        f"data.data_dir={folder}",
+        "data.num_classes=3",
+        "data.input_shape=[3,16,16]",
+        "data.transform.transforms.0.size=16",
+        "data.transform.transforms.1.size=16",
+        "data.train_transform=null",
+        "data.num_workers=0",
+        "data.pin_memory=false",
+        "data.batch_size=8",
+    ]

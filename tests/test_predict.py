@@ -15,7 +15,7 @@ from predict import predict, report
 from src.data.imagefolder import ImageFolderDataModule
 from src.utils.checkpoint_model import load_trained
 from src.utils.errors import CheckpointError, DataError, MissingFileError
-from tests.helpers import FAST, ROOT, compose_config
+from tests.helpers import FAST, ROOT, compose_config, small_image_folder_overrides
 from train import train
 
 DIGITS = 12  # images written as PNG files
@@ -140,18 +140,7 @@ def test_a_checkpoint_without_its_run_config_is_refused_with_what_to_use(tmp_pat
 
 
 def test_class_names_of_a_folder_dataset_travel_in_the_checkpoint(tmp_path, image_folder):
-    overrides = [
-        "data=imagefolder",
-        f"data.data_dir={image_folder}",
-        "data.num_classes=3",
-        "data.input_shape=[3,16,16]",
-        "data.transform.transforms.0.size=16",
-        "data.transform.transforms.1.size=16",
-        "data.train_transform=null",
-        "data.num_workers=0",
-        "data.pin_memory=false",
-        "data.batch_size=8",
-    ]
+    overrides = small_image_folder_overrides(image_folder)
     train(compose_config(tmp_path / "train", [*overrides, *FAST, "test=false"]))
     predictions = predict_with(
         tmp_path / "predict",

@@ -46,6 +46,33 @@ def assert_same_tensors(expected, actual, where=""):
         assert expected == actual, f"{where}: {expected} != {actual}"
 
 
+def killed_run(run: list[str], run_dir, kill_step: int):
+    """`train.py <run>` in a subprocess SIGKILLed at the end of step `kill_step`; its last.ckpt."""
+    killed = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train.py"),
+            *run,
+            f"hydra.run.dir={run_dir}",
+            "+callbacks.killer._target_=tests.helpers.KillAtStep",
+            f"+callbacks.killer.step={kill_step}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def assert_same_training_state(expected_checkpoint, checkpoint):
+    assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
+    assert_same_tensors(
+        expected_checkpoint["optimizer_states"], checkpoint["optimizer_states"], "optimizer"
+    )
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("uninterrupted")
@@ -58,34 +85,14 @@ def test_sigkill_at_a_random_step_then_resume_matches_the_uninterrupted_run(
     tmp_path, uninterrupted, seed
 ):
     kill_step = random.Random(seed).randrange(3, STEPS - 2)  # mid-epoch for most seeds
-    killed = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            *RUN,
-            f"hydra.run.dir={tmp_path}",
-            "+callbacks.killer._target_=tests.helpers.KillAtStep",
-            f"+callbacks.killer.step={kill_step}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    saved_step = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)[
-        "global_step"
-    ]
-    assert saved_step == kill_step - 1
+    last = killed_run(RUN, tmp_path, kill_step)
+    assert torch.load(last, weights_only=True)["global_step"] == kill_step - 1
 
-    train(compose_config(tmp_path, [*RUN, f"ckpt_path={tmp_path / 'checkpoints' / 'last.ckpt'}"]))
+    train(compose_config(tmp_path, [*RUN, f"ckpt_path={last}"]))
     expected_checkpoint, expected_metrics = uninterrupted
     checkpoint, metrics = final_state(tmp_path)
     assert checkpoint["global_step"] == expected_checkpoint["global_step"] == STEPS
-    assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
-    assert_same_tensors(
-        expected_checkpoint["optimizer_states"], checkpoint["optimizer_states"], "optimizer"
-    )
+    assert_same_training_state(expected_checkpoint, checkpoint)
     assert metrics == expected_metrics
 
 
@@ -116,27 +123,9 @@ def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path):
     expected_checkpoint, expected_metrics = final_state(tmp_path / "whole")
     steps = expected_checkpoint["global_step"]
     kill_step = steps // 2 + 3  # inside the second epoch
-    killed = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            *run,
-            f"hydra.run.dir={tmp_path / 'killed'}",
-            "+callbacks.killer._target_=tests.helpers.KillAtStep",
-            f"+callbacks.killer.step={kill_step}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    last = tmp_path / "killed" / "checkpoints" / "last.ckpt"
+    last = killed_run(run, tmp_path / "killed", kill_step)
     train(compose_config(tmp_path / "killed", [*run, f"ckpt_path={last}"]))
     checkpoint, metrics = final_state(tmp_path / "killed")
     assert checkpoint["global_step"] == steps
-    assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
-    assert_same_tensors(
-        expected_checkpoint["optimizer_states"], checkpoint["optimizer_states"], "optimizer"
-    )
+    assert_same_training_state(expected_checkpoint, checkpoint)
     assert metrics == expected_metrics

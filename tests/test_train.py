@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from eval import evaluate
-from tests.helpers import FAST, compose_config
+from tests.helpers import FAST, compose_config, small_image_folder_overrides
 from train import train
 
 LIMITS = [
@@ -30,18 +30,7 @@ def data_overrides(mnist_root, image_folder, tensor_file):
     return {
         "digits": ["data=digits"],
         "mnist": ["data=mnist", f"data.data_dir={mnist_root}", "data.download=false"],
-        "imagefolder": [
-            "data=imagefolder",
-            f"data.data_dir={image_folder}",
-            "data.num_classes=3",
-            "data.input_shape=[3,16,16]",
-            "data.transform.transforms.0.size=16",
-            "data.transform.transforms.1.size=16",
-            "data.train_transform=null",
-            "data.num_workers=0",
-            "data.pin_memory=false",
-            "data.batch_size=8",
-        ],
+        "imagefolder": small_image_folder_overrides(image_folder),
         "tensors": [
             "data=tensors",
             f"data.path={tensor_file}",

@@ -6,7 +6,7 @@ import hydra
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from src.callbacks.plots import Plots, plot_series
+from src.callbacks.plots import Plots, plot_series, throughput_windows
 from src.utils.run import build_trainer, plain_config
 from tests.helpers import FAST, compose_config
 
@@ -23,7 +23,7 @@ def fitted(tmp_path_factory):
     trainer.fit(model, datamodule=datamodule)
     trainer.test(model, datamodule=datamodule)
     plots = next(callback for callback in trainer.callbacks if isinstance(callback, Plots))
-    return run_dir, plots.history
+    return run_dir, plots.history, throughput_windows(trainer)
 
 
 def logged_values(run_dir, key, per_epoch=False):
@@ -35,7 +35,7 @@ def logged_values(run_dir, key, per_epoch=False):
 
 
 def test_plots_are_written_as_non_empty_pngs(fitted):
-    run_dir, _ = fitted
+    run_dir, _, _ = fitted
     for name in ("curves.png", "throughput.png"):
         png = (run_dir / "plots" / name).read_bytes()
         assert png[:4] == b"\x89PNG" and len(png) > 10_000, f"{name}: {len(png)} bytes"
@@ -45,7 +45,7 @@ def test_plots_are_written_as_non_empty_pngs(fitted):
     "key", ["train/loss_step", "train/loss", "train/acc", "val/loss", "val/acc", "val/acc_best"]
 )
 def test_curves_hold_every_logged_point(fitted, key):
-    run_dir, history = fitted
+    run_dir, history, _ = fitted
     logged = logged_values(run_dir, key)
     assert len(logged) >= EPOCHS, f"{key}: only {len(logged)} values logged"
     assert [value for _, value in history[key]] == pytest.approx(logged)
@@ -57,16 +57,21 @@ def test_curves_hold_every_logged_point(fitted, key):
     assert drawn[key] == len(logged), f"{key}: {drawn[key]} points drawn, {len(logged)} logged"
 
 
-def test_throughput_has_one_point_per_epoch(fitted):
-    run_dir, history = fitted
-    assert len(history["perf/samples_per_s"]) == EPOCHS
+def test_throughput_is_drawn_for_every_logging_window(fitted):
+    run_dir, history, windows = fitted
+    with open(run_dir / "csv" / "metrics.csv") as file:
+        rows = [row for row in csv.DictReader(file) if row.get("perf/samples_per_s")]
+    window_rows = [float(row["perf/samples_per_s"]) for row in rows if not row["epoch"]]
+    assert len(window_rows) > EPOCHS
+    assert [value for _, value in windows["perf/samples_per_s"]] == pytest.approx(window_rows)
+    # The epoch-end steady state is recorded too, one point per epoch.
     assert [value for _, value in history["perf/samples_per_s"]] == pytest.approx(
         logged_values(run_dir, "perf/samples_per_s", per_epoch=True)
     )
 
 
 def test_final_metrics_reach_tensorboard_hparams(fitted):
-    run_dir, _ = fitted
+    run_dir, _, _ = fitted
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     scalars = set(events.Tags()["scalars"])

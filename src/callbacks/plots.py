@@ -28,8 +28,9 @@ class Plots(Callback):
 
     - `<dirpath>/curves.png`: every `train/*` and `val/*` scalar against the optimizer step, one
       panel per quantity (`train/loss_step`, `train/loss` and `val/loss` share the `loss` panel);
-    - `<dirpath>/throughput.png`: the `perf/*_per_s` rates (steady state so far, as the
-      throughput callback logs them) at the end of every epoch.
+    - `<dirpath>/throughput.png`: the `perf/*_per_s` rates over each logging window, as the
+      throughput callback measured them (its steady state so far at each epoch end when the
+      run has no throughput callback's windows).
 
     Values come from `trainer.callback_metrics` at the moments they are fresh: step values
     (`train/*_step`) on logging steps, `val/*` at the end of each validation, epoch values of
@@ -65,7 +66,7 @@ class Plots(Callback):
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._record_epoch(trainer)
         if trainer.is_global_zero:
-            self.draw()
+            self.draw(throughput_windows(trainer))
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         log_final_hparams(trainer)
@@ -89,17 +90,31 @@ class Plots(Callback):
 
     # -- results -----------------------------------------------------------------------------
 
-    def draw(self) -> None:
-        """Write the PNGs of whatever was recorded."""
+    def draw(self, windows: History | None = None) -> None:
+        """Write the PNGs of whatever was recorded; `windows`: rates per logging window."""
         curves = {k: v for k, v in self.history.items() if k.split("/")[0] in CURVE_STAGES}
         rates = {k: v for k, v in self.history.items() if k.startswith("perf/") and "_per_s" in k}
+        rates_title = "Steady-state throughput so far, at each epoch end"
+        if windows:
+            rates, rates_title = windows, "Throughput over each logging window"
         for name, series, title in (
             ("curves.png", curves, "Training and validation"),
-            ("throughput.png", rates, "Steady-state throughput so far, at each epoch end"),
+            ("throughput.png", rates, rates_title),
         ):
             if series:
                 save_figure(plot_series(series, title), self.dirpath / name)
                 log.info("Plot: %s", self.dirpath / name)
+
+
+def throughput_windows(trainer: Trainer) -> History:
+    """The `perf/*_per_s` rates of the Throughput callback's logging windows, by key."""
+    series: History = defaultdict(list)
+    for callback in trainer.callbacks:
+        for step, rates in getattr(callback, "windows", []):
+            for key, value in rates.items():
+                if key.startswith("perf/") and "_per_s" in key:
+                    series[key].append((step, value))
+    return series
 
 
 def is_step_value(key: str) -> bool:

@@ -71,6 +71,7 @@ class Throughput(Callback):
         self.flops_per_batch: float | None = None
         self.steady = _Totals()
         self.window = _Totals()
+        self.windows: list[tuple[int, dict[str, float]]] = []  # (step, rates) per logging step
         self.batches = 0
         self._fit_start = self._batch_start = self._last_end = None
         self._data_wait = 0.0
@@ -112,8 +113,9 @@ class Throughput(Callback):
         if self.batches > self.warmup_steps:
             self.steady.add(counts, step_time, self._data_wait)
             self.step_times.append(step_time)
-        if should_log and trainer.loggers:
+        if should_log:
             metrics = self.window.rates(self.flops_per_batch, self.peak_flops, trainer.world_size)
+            self.windows.append((trainer.global_step, metrics))
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
             self.window = _Totals()

@@ -77,3 +77,11 @@ def test_final_metrics_reach_tensorboard_hparams(fitted):
     scalars = set(events.Tags()["scalars"])
     assert {"hp/val/acc", "hp/train/loss", "hp/test/acc"} <= scalars, sorted(scalars)
     assert "_hparams_/session_start_info" in events.PluginTagToContent("hparams")
+
+
+def test_tensorboard_holds_the_classifiers_graph(fitted):
+    run_dir, _, _ = fitted
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    graph = events.Graph()
+    assert any("Linear" in node.op or "linear" in node.op for node in graph.node)

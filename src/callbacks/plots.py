@@ -4,11 +4,13 @@ metrics in TensorBoard's HParams tab."""
 import logging
 import math
 import re
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -43,6 +45,22 @@ class Plots(Callback):
         self.dirpath = Path(dirpath)
         self.history: History = defaultdict(list)
         self._epoch_end_step: int | None = None
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """The model graph in TensorBoard, for modules that give a sample input (classifiers;
+        tracing the LM is neither cheap nor warning-free)."""
+        sample = getattr(pl_module, "example_input_array", None)
+        if not trainer.is_global_zero or not isinstance(sample, torch.Tensor):
+            return
+        for logger in trainer.loggers:
+            if isinstance(logger, TensorBoardLogger):
+                with warnings.catch_warnings():  # TensorBoard traces with the deprecated jit
+                    warnings.filterwarnings("ignore", "`torch.jit.trace", FutureWarning)
+                    warnings.filterwarnings("ignore", category=DeprecationWarning)  # metrics' own
+                    try:
+                        logger.experiment.add_graph(pl_module, sample.to(pl_module.device))
+                    except Exception as error:  # noqa: BLE001 - a picture never fails a run
+                        log.info("No model graph in TensorBoard (%s)", error)
 
     # -- recording ---------------------------------------------------------------------------
 

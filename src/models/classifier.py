@@ -33,14 +33,19 @@ class ImageClassifier(LightningModule):
         optimizer: OptimizerFactory,
         scheduler: dict[str, Any] | None = None,
         pretrained: str | None = None,
+        input_shape: list[int] | None = None,
     ):
         super().__init__()
+        if input_shape is not None:
+            input_shape = [int(size) for size in input_shape]  # a plain list in checkpoints
         self.save_hyperparameters(
             ignore=["net", "optimizer", "scheduler", "pretrained"], logger=False
         )
         if pretrained:
             load_network_weights(net, pretrained)
         self.net = net
+        if input_shape is not None:  # one sample's shape: the model graph and summary use it
+            self.example_input_array = torch.zeros(1, *input_shape)
         self.optimizer_factory = optimizer
         self.scheduler_config = scheduler
         self.criterion = nn.CrossEntropyLoss()

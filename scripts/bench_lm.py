@@ -181,9 +181,10 @@ def machine() -> str:
     )
 
 
-def markdown(rows: list[dict[str, str]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row[c] for c in COLUMNS) + " |" for row in rows]
+def markdown(rows: list[dict[str, str]], columns: tuple[str, ...] = COLUMNS) -> str:
+    """The rows as a Markdown table with these columns, in this order."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(row[c] for c in columns) + " |" for row in rows]
     return "\n".join(lines)
 
 

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from scripts.bench import machine  # noqa: E402
-from scripts.bench_lm import model_config  # noqa: E402
+from scripts.bench_lm import markdown, model_config  # noqa: E402
 from src.data.packed_text import PackedTextDataModule  # noqa: E402
 from src.data.sft import SFTDataModule  # noqa: E402
 from src.data.text import TextDataModule  # noqa: E402
@@ -201,12 +201,6 @@ def compare(dataset: str, kind: str, packed_module, args, cache_dir: Path) -> li
     return rows
 
 
-def markdown(rows: list[dict[str, str]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(row[c] for c in COLUMNS) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> list[dict[str, str]]:
     args = parse_args(argv)
     rows, cold = [], []
@@ -228,7 +222,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
         f"{args.steps} steps per round, median of {args.repeats} rounds; "
         f"command: `{command.strip()}`",
         "",
-        markdown(rows),
+        markdown(rows, COLUMNS),
         "",
         "Cold start, tokenising and packing: " + "; ".join(cold),
     ])  # fmt: skip

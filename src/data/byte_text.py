@@ -7,7 +7,7 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from src.data.sampler import resumable_loader
+from src.data.sampler import SplitLoaders, resumable_loader
 from src.data.tokenizers import ByteTokenizer
 from src.utils.errors import ConfigError, DataError, MissingFileError
 
@@ -32,7 +32,7 @@ class TokenWindows(Dataset):
         return {"input_ids": window[:-1], "labels": window[1:]}
 
 
-class ByteTextDataModule(LightningDataModule):
+class ByteTextDataModule(SplitLoaders, LightningDataModule):
     """A text file as bytes, cut into fixed-length rows; batches are dicts of `input_ids` and
     `labels` [B, seq_len].
 
@@ -103,15 +103,6 @@ class ByteTextDataModule(LightningDataModule):
                     f"The {split} split of {self.path} ({len(tokens[start:end])} bytes) is "
                     f"shorter than one row of seq_len + 1 = {self.seq_len + 1} tokens"
                 )
-
-    def train_dataloader(self) -> StatefulDataLoader:
-        return self._loader("train", self.batch_size, shuffle=True)
-
-    def val_dataloader(self) -> StatefulDataLoader:
-        return self._loader("val", self.eval_batch_size, shuffle=False)
-
-    def test_dataloader(self) -> StatefulDataLoader:
-        return self._loader("test", self.eval_batch_size, shuffle=False)
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
         return resumable_loader(self, self.datasets[split], batch_size, shuffle)

@@ -7,6 +7,7 @@ train a BPE tokenizer on) and `source_fingerprint()` identifies the source for t
 """
 
 import logging
+from abc import ABC, abstractmethod
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.collate import collate_rows
 from src.data.packing import Sample, TokenAccounting, fit_to_length, pack
-from src.data.sampler import resumable_loader
+from src.data.sampler import SplitLoaders, resumable_loader
 from src.data.token_cache import cache_key, cached_samples
 from src.data.tokenizers import build_tokenizer
 from src.utils.errors import ConfigError, DataError
@@ -71,7 +72,7 @@ class BucketedBatches(Dataset):
         return [self.rows[i] for i in self.batches[index]]
 
 
-class PackedTextDataModule(LightningDataModule):
+class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     """Token batches for `LanguageModel`, packed (`packing=true`) or padded, from the same samples.
 
     Packed: best-fit-decreasing (or order-preserving `greedy`) rows of exactly `max_seq_len`
@@ -139,17 +140,17 @@ class PackedTextDataModule(LightningDataModule):
 
     # -- what subclasses provide -------------------------------------------------------------
 
-    def load_documents(self) -> list[Any]:
-        raise NotImplementedError
+    @abstractmethod
+    def load_documents(self) -> list[Any]: ...
 
-    def tokenize(self, document: Any) -> Sample:
-        raise NotImplementedError
+    @abstractmethod
+    def tokenize(self, document: Any) -> Sample: ...
 
-    def document_text(self, document: Any) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def document_text(self, document: Any) -> str: ...
 
-    def source_fingerprint(self) -> str:
-        raise NotImplementedError
+    @abstractmethod
+    def source_fingerprint(self) -> str: ...
 
     def describe(self, document: Any) -> str:
         """How errors name a document: its first words."""
@@ -170,12 +171,13 @@ class PackedTextDataModule(LightningDataModule):
         if self.cache_dir is not None:
             self.tokenized()
 
-    def tokenized(self) -> tuple[list[Any], dict[str, torch.Tensor], Any, list[Sample]]:
-        """(documents, document indices of each split, tokenizer, one sample per document)."""
+    def tokenized(self) -> tuple[list[Any], dict[str, torch.Tensor], list[Sample]]:
+        """(documents, document indices of each split, one sample per document), after setting
+        `self.tokenizer` (trained or loaded)."""
         documents = self.load_documents()
         split_of = self.split_documents(len(documents))
         source = self.source_fingerprint()
-        tokenizer = build_tokenizer(
+        self.tokenizer = build_tokenizer(
             **self.tokenizer_options,
             training_texts=lambda: (
                 self.document_text(documents[i]) for i in split_of["train"].tolist()
@@ -183,18 +185,17 @@ class PackedTextDataModule(LightningDataModule):
             cache_dir=self.cache_dir,
             cache_key=f"{source}|{self.split_seed}|{self.fractions}",
         )
-        self.tokenizer = tokenizer  # `tokenize` reads it
         samples = cached_samples(
             self.cache_dir,
-            cache_key(source, tokenizer.fingerprint),
+            cache_key(source, self.tokenizer.fingerprint),
             lambda: [self.tokenize(document) for document in documents],
         )
-        return documents, split_of, tokenizer, samples
+        return documents, split_of, samples
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        documents, split_of, self.tokenizer, samples = self.tokenized()
+        documents, split_of, samples = self.tokenized()
         for split in SPLITS:
             indices = split_of[split].tolist()
             fitted, self.accounting[split] = fit_to_length(
@@ -246,15 +247,6 @@ class PackedTextDataModule(LightningDataModule):
             )
 
     # -- loaders -----------------------------------------------------------------------------
-
-    def train_dataloader(self) -> StatefulDataLoader:
-        return self._loader("train", self.batch_size, shuffle=True)
-
-    def val_dataloader(self) -> StatefulDataLoader:
-        return self._loader("val", self.eval_batch_size, shuffle=False)
-
-    def test_dataloader(self) -> StatefulDataLoader:
-        return self._loader("test", self.eval_batch_size, shuffle=False)
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
         dataset = self.datasets[split]

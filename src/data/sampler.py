@@ -61,3 +61,18 @@ def resumable_loader(
         persistent_workers=datamodule.num_workers > 0,
         **options,
     )
+
+
+class SplitLoaders:
+    """`train_dataloader`, `val_dataloader` and `test_dataloader` for a datamodule with
+    `batch_size`, `eval_batch_size` and `_loader(split, batch_size, shuffle)`: only training
+    shuffles."""
+
+    def train_dataloader(self) -> StatefulDataLoader:
+        return self._loader("train", self.batch_size, shuffle=True)
+
+    def val_dataloader(self) -> StatefulDataLoader:
+        return self._loader("val", self.eval_batch_size, shuffle=False)
+
+    def test_dataloader(self) -> StatefulDataLoader:
+        return self._loader("test", self.eval_batch_size, shuffle=False)

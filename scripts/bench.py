@@ -10,12 +10,16 @@
    comparison is per core; plus one process on the per-process batch, whose step time is the
    DDP step's without the strategy. Reports the scaling efficiency, two processes' samples/s
    over twice one's, and the strategy's overhead per step.
+5. fsdp (only when asked for; needs a CUDA GPU): the Qwen3-0.6B config on one GPU, packed
+   text, trainer=ddp vs trainer=fsdp, and FSDP recomputing each decoder layer's activations:
+   tokens/s and peak GPU memory.
 
 Each case alternates its arms `--repeats` times and reports medians of steady-state rates
 (warm-up steps excluded); cold start is reported separately. Usage:
 
     python scripts/bench.py                 # trainer, data, compile; writes logs/bench/bench.json
     python scripts/bench.py --cases ddp     # the DDP case alone (needs 2 idle cores)
+    python scripts/bench.py --cases fsdp    # on a GPU machine
     python scripts/bench.py --quick         # seconds; checks the machinery, not the speed
 """
 
@@ -210,15 +214,20 @@ def bench_compile(args) -> list[dict]:
 # -- 4. DDP on CPU: two processes vs one ------------------------------------------------------
 
 
-def template_process(overrides: list[str], run_dir: Path, batch_size: int) -> dict[str, float]:
+def train_process(overrides: list[str], run_dir: Path, threads: int | None = None) -> dict:
     """train.py in its own process (plain ddp re-runs the command line, so it cannot run in
-    this one), one torch thread per process; steady rates from rank 0's metrics.json."""
+    this one), with `threads` torch threads; rank 0's metrics from metrics.json."""
     command = [sys.executable, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    environment = os.environ | {"OMP_NUM_THREADS": "1"}
+    environment = os.environ | ({} if threads is None else {"OMP_NUM_THREADS": str(threads)})
     process = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
     if process.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{process.stderr[-3000:]}")
-    metrics = json.loads((run_dir / "metrics.json").read_text())["metrics"]
+    return json.loads((run_dir / "metrics.json").read_text())["metrics"]
+
+
+def template_process(overrides: list[str], run_dir: Path, batch_size: int) -> dict[str, float]:
+    """One torch thread per process; steady rates of the global batch."""
+    metrics = train_process(overrides, run_dir, threads=1)
     steps_per_s = metrics["perf/steps_per_s"]
     return {
         "samples_per_s": steps_per_s * batch_size,
@@ -260,6 +269,63 @@ def bench_ddp(args, work: Path) -> list[dict]:
         row["threads_per_process"] = 1
         rows.append(row)
     return rows
+
+
+# -- 5. FSDP vs DDP on one GPU, the 0.6B LM --------------------------------------------------
+
+RECOMPUTE = "trainer.strategy.activation_checkpointing_policy=${trainer.strategy.auto_wrap_policy}"
+FSDP_ARMS = {
+    "ddp": ["trainer=ddp"],
+    "fsdp": ["trainer=fsdp"],
+    "fsdp, recomputed activations": ["trainer=fsdp", RECOMPUTE],
+}
+
+
+def lm_overrides(model: str, batch_size: int, seq_len: int, warmup: int, steps: int) -> list[str]:
+    """train.py's overrides for `warmup + steps` steps of the packed-text LM on one device,
+    without validation, test or checkpoints (a 0.6B checkpoint takes longer than the steps)."""
+    return [
+        "experiment=lm_text",
+        f"model={model}",
+        f"data.batch_size={batch_size}",
+        f"data.max_seq_len={seq_len}",
+        "trainer.devices=1",
+        f"trainer.max_steps={warmup + steps}",
+        "trainer.limit_val_batches=0",
+        "trainer.num_sanity_val_steps=0",
+        "trainer.enable_progress_bar=false",
+        "callbacks.rich_progress_bar=null",
+        "callbacks.model_checkpoint=null",
+        "callbacks.last_checkpoint=null",
+        f"callbacks.throughput.warmup_steps={warmup}",
+        "logger=csv",
+        "test=false",
+    ]
+
+
+def bench_fsdp(args, work: Path) -> list[dict]:
+    if not torch.cuda.is_available():
+        raise SystemExit("The fsdp case needs a CUDA GPU (Lightning runs FSDP on CUDA only).")
+    overrides = lm_overrides(
+        "qwen3_0_6b", args.lm_batch_size, args.seq_len, args.warmup, args.lm_steps
+    )
+    runs = {arm: [] for arm in FSDP_ARMS}
+    for repeat in range(args.repeats):
+        for index, (arm, strategy) in enumerate(FSDP_ARMS.items()):
+            metrics = train_process([*overrides, *strategy], work / f"fsdp_{repeat}_{index}")
+            runs[arm].append(
+                {
+                    "tokens_per_s": metrics["perf/tokens_per_s"],
+                    "first_step_s": metrics["perf/time_to_first_step_s"],
+                    "peak_memory_gib": metrics["perf/peak_memory_gib"],
+                }
+            )
+    row = compare("fsdp/qwen3_0_6b", "tok/s", runs, "ddp", "fsdp")
+    row["peak_memory_gib"] = {
+        arm: max(r["peak_memory_gib"] for r in rs) for arm, rs in runs.items()
+    }
+    row["tokens_per_step"] = args.lm_batch_size * args.seq_len
+    return [row]
 
 
 # -- reporting -------------------------------------------------------------------------------
@@ -313,6 +379,9 @@ def print_table(rows: list[dict]) -> None:
                 f"{row['medians'][arm]:>9.1f} {row['unit']:<6} "
                 f"{'' if cold is None else f'{cold:.3f} s':>11} {ratio:>7}"
             )
+        if "peak_memory_gib" in row:
+            memory = ", ".join(f"{arm} {gib:.1f}" for arm, gib in row["peak_memory_gib"].items())
+            print(f"{'':<18} peak GPU memory (GiB): {memory}")
         if "scaling_efficiency" in row:
             print(
                 f"{'':<18} scaling efficiency {row['scaling_efficiency']:.0%} per core, "
@@ -323,16 +392,20 @@ def print_table(rows: list[dict]) -> None:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks, not timings")
-    parser.add_argument("--cases", default="trainer,data,compile", help="and/or ddp")
+    parser.add_argument("--cases", default="trainer,data,compile", help="and/or ddp, fsdp")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--data-samples", type=int, default=10_000)
+    parser.add_argument("--lm-batch-size", type=int, default=8, help="fsdp: rows per step")
+    parser.add_argument("--seq-len", type=int, default=2048, help="fsdp: tokens per row")
+    parser.add_argument("--lm-steps", type=int, default=30, help="fsdp: timed steps per run")
     parser.add_argument("--out", type=Path, default=ROOT / "logs" / "bench" / "bench.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.warmup, args.steps, args.repeats, args.data_samples = 2, 4, 1, 256
+        args.lm_batch_size, args.seq_len, args.lm_steps = 2, 128, 4
     return args
 
 
@@ -343,6 +416,7 @@ def main(argv=None) -> list[dict]:
         "data": lambda a, _: bench_data(a),
         "compile": lambda a, _: bench_compile(a),
         "ddp": bench_ddp,
+        "fsdp": bench_fsdp,
     }
     rows = []
     with tempfile.TemporaryDirectory() as work:

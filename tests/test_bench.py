@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from scripts.bench import main
+from scripts.bench import FSDP_ARMS, lm_overrides, main, train_process
+from src.utils.config_checks import check_config_types
+from tests.helpers import compose_config
 
 
 def test_bench_quick_writes_every_case_with_medians_ratios_and_cold_start(tmp_path):
@@ -37,3 +39,15 @@ def test_bench_quick_ddp_reports_scaling_efficiency_and_strategy_overhead(tmp_pa
     )
     overhead = row["ms_per_step"][two] - row["ms_per_step"][one_half]
     assert row["overhead_ms_per_step"] == pytest.approx(overhead)
+
+
+def test_every_fsdp_case_arm_composes_and_the_lm_run_reports_tokens_per_second(tmp_path):
+    # The case itself needs a CUDA GPU; its runs' configs and the metrics it reads do not.
+    for strategy in FSDP_ARMS.values():
+        check_config_types(
+            compose_config(tmp_path, [*lm_overrides("qwen3_0_6b", 8, 2048, 10, 30), *strategy])
+        )
+    cpu_run = [*lm_overrides("qwen3_tiny", 2, 64, 1, 2), "trainer=cpu", "trainer.precision=32-true"]
+    metrics = train_process(cpu_run, tmp_path / "run")
+    assert metrics["perf/tokens_per_s"] > 0 and metrics["perf/time_to_first_step_s"] > 0
+    assert not (tmp_path / "run" / "checkpoints").exists()

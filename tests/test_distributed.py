@@ -52,9 +52,10 @@ LM_RUN = [
 
 def run_train(run_dir, overrides, check=True, launcher=(sys.executable,)):
     """train.py in its own process: plain `ddp` re-executes the command line, which must be
-    train.py's, not pytest's."""
+    train.py's, not pytest's. `run_dir=None` leaves the run directory to the config."""
+    pinned = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]
     process = subprocess.run(
-        [*launcher, str(ROOT / "train.py"), *overrides, f"hydra.run.dir={run_dir}"],
+        [*launcher, str(ROOT / "train.py"), *overrides, *pinned],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -155,18 +156,20 @@ def test_ddp_killed_mid_epoch_resumes_exactly(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_launches_the_same_ddp_run(tmp_path):
+def test_torchrun_ranks_share_one_run_directory_that_nobody_pinned(tmp_path):
     torchrun = ROOT / ".venv" / "bin" / "torchrun"
     if not torchrun.exists():
         pytest.skip("torchrun not found in .venv")
     run_train(
-        tmp_path,
-        [*COMMON, "trainer=ddp_cpu", "data.batch_size=32"],
+        None,
+        [*COMMON, "trainer=ddp_cpu", "data.batch_size=32", f"paths.log_dir={tmp_path}"],
         launcher=(str(torchrun), "--nproc_per_node=2"),
     )
-    assert (tmp_path / "metrics.json").exists() and (
-        tmp_path / "checkpoints" / "last.ckpt"
-    ).exists()
+    (run_dir,) = (tmp_path / "train" / "runs").iterdir()
+    for written in ["metrics.json", "checkpoints/last.ckpt", ".hydra/config.yaml"]:
+        assert (run_dir / written).exists(), written
+    # Each rank logs to its own file; only rank 0 saves the config.
+    assert {path.name for path in run_dir.glob("*.log")} == {"train.log", "train_rank1.log"}
 
 
 # -- launches that a multirun refuses, and those it allows ------------------------------------

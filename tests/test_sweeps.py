@@ -1,4 +1,5 @@
-"""Sweeps: an Optuna search end to end, the SLURM launcher's job parameters, the summary plot."""
+"""Sweeps: an Optuna search end to end, the SLURM launcher's job parameters and its jobs run by
+submitit locally, the summary plot."""
 
 import csv
 import subprocess
@@ -57,6 +58,20 @@ def test_slurm_launcher_asks_for_one_task_per_device_on_every_node():
 def test_slurm_launcher_defaults_to_one_gpu_per_job():
     launcher = slurm_launcher_config()
     assert (launcher["nodes"], launcher["tasks_per_node"], launcher["gpus_per_node"]) == (1, 1, 1)
+
+
+@pytest.mark.slow
+def test_submitit_runs_each_job_from_its_pickled_task_into_one_sweep_directory(tmp_path):
+    # submitit's local executor takes the path SLURM jobs take: each job unpickles the task
+    # and Hydra's callbacks in a fresh process and resolves the sweep directory there.
+    command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local"]
+    command += [*FAST, "model=simplenet", "test=false", f"paths.log_dir={tmp_path}", "seed=1,2"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep_dir,) = (tmp_path / "train" / "multiruns").iterdir()
+    with (sweep_dir / "summary.csv").open() as file:
+        assert [row["status"] for row in csv.DictReader(file)] == ["ok", "ok"]
+    assert all((sweep_dir / job / "metrics.json").is_file() for job in ("0", "1"))
 
 
 def test_plot_has_one_axis_per_swept_parameter_log_scaled_when_values_span_decades():

@@ -59,7 +59,8 @@ class Throughput(Callback):
     Steady state starts after `warmup_steps` training batches, so compilation, allocator
     warm-up and first-iterator costs are reported separately as cold start
     (`perf/time_to_first_step_s`). Validation and checkpointing are excluded from the rates.
-    `peak_flops` overrides the device peak used for `perf/mfu` (FLOP/s).
+    `peak_flops` overrides the device peak used for `perf/mfu` (FLOP/s). On a GPU the summary
+    also holds the peak memory allocated (`perf/peak_memory_gib`).
     """
 
     def __init__(
@@ -78,11 +79,13 @@ class Throughput(Callback):
         self.time_to_first_step: float | None = None
         self.effective_batch: dict[str, int] = {}
         self.batches_per_step = 1  # micro-batches x devices per optimizer step
+        self.device = torch.device("cpu")
 
     # -- hooks -------------------------------------------------------------------------------
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fit_start = time.perf_counter()
+        self.device = pl_module.device
         if self.peak_flops is None:
             dtype = dtype_of_precision(trainer.precision)
             self.peak_flops = peak_flops(pl_module.device, dtype)
@@ -146,6 +149,9 @@ class Throughput(Callback):
             metrics["perf/effective_batch_real_tokens"] = (
                 metrics["perf/real_tokens_per_batch"] * self.batches_per_step
             )
+        if self.device.type == "cuda":
+            # Weights, gradients, optimizer states and activations at their peak on this GPU.
+            metrics["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return {**metrics, **self.effective_batch}
 
     def _log_effective_batch(

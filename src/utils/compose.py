@@ -8,6 +8,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
+from src.utils.launch_name import register_launch_name_resolver
+
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = str(ROOT / "conf")
 
@@ -22,6 +24,7 @@ def compose_run_config(
     inside an app) so the code can compose again; clear it with `GlobalHydra.instance().clear()`.
     """
     os.environ.setdefault("PROJECT_ROOT", str(ROOT))
+    register_launch_name_resolver()
     GlobalHydra.instance().clear()
     initialize_config_dir(config_dir=CONF_DIR, version_base="1.3")
     cfg = compose(

@@ -1,0 +1,96 @@
+"""One run directory for every rank of a distributed launch.
+
+Hydra names a run directory after the time the process composes its config. Under torchrun or
+srun every rank composes its own, milliseconds apart, and would write into a folder of its own.
+Lightning fixes the directory only for the ranks it starts itself (`python train.py
+trainer=ddp`), and Hydra knows nothing of ranks, so `${launch_name:<strftime format>}` (in
+conf/hydra/default.yaml) names the launch once for all of them:
+
+- torchrun: rank 0's time, handed to the other ranks through the elastic agent's store (the
+  TCP store every worker reaches at MASTER_ADDR:MASTER_PORT). A restarted worker group reads
+  the same name, so `ckpt_path=last` finds its checkpoints again.
+- srun with several tasks: `slurm-<job id>` (`slurm-<job id>.<step>` after a job's first
+  step), which every task knows without talking; a requeued job keeps its id. A batch script
+  or an interactive shell that runs one job after another keeps names by the time.
+- one process: the time now, as Hydra's `${now:...}`.
+
+`hydra.run.dir=...` on the command line replaces all of this.
+"""
+
+import os
+from datetime import datetime, timedelta
+from functools import cache
+
+from lightning.fabric.plugins.environments import SLURMEnvironment
+from omegaconf import OmegaConf
+
+from src.utils.errors import LaunchError
+
+RESOLVER = "launch_name"
+STORE_KEY_PREFIX = "launch_name/"
+# The other ranks wait this long for rank 0 to publish the name (they start together).
+STORE_TIMEOUT = timedelta(minutes=5)
+# Slurm numbers a batch script's, an interactive shell's and the external step from here on.
+FIRST_SPECIAL_SLURM_STEP = 0xFFFFFFF0
+
+
+def launch_name(time_format: str) -> str:
+    """The name all ranks of this launch agree on (see the module docstring)."""
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return torchrun_launch_name(time_format)
+    if in_multi_task_srun_step():
+        return slurm_launch_name()
+    return datetime.now().strftime(time_format)
+
+
+def in_multi_task_srun_step() -> bool:
+    """Started by srun with several tasks: not a batch script itself (or an interactive
+    shell), where one run follows another under the same job and step."""
+    step = os.environ.get("SLURM_STEP_ID", "")
+    return (
+        SLURMEnvironment.detect()
+        and int(os.environ.get("SLURM_NTASKS", "1")) > 1
+        and step.isdigit()
+        and int(step) < FIRST_SPECIAL_SLURM_STEP
+    )
+
+
+def slurm_launch_name() -> str:
+    step = os.environ["SLURM_STEP_ID"]
+    suffix = "" if step == "0" else f".{step}"
+    return f"slurm-{os.environ['SLURM_JOB_ID']}{suffix}"
+
+
+@cache
+def torchrun_launch_name(time_format: str) -> str:
+    """Rank 0's time, agreed through the elastic agent's store; without that store (disabled
+    with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), the rendezvous id when it names the job."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        run_id = os.environ["TORCHELASTIC_RUN_ID"]
+        if run_id == "none":
+            raise LaunchError(
+                "Under torchrun without the elastic agent's store the ranks cannot agree on a "
+                "run directory. Pin it (hydra.run.dir=logs/train/runs/<name>) or give the job "
+                "a name (torchrun --rdzv-id=<name>)."
+            )
+        return f"torchrun-{run_id}"
+    from torch.distributed import TCPStore  # torch loads slowly: only torchrun runs need it
+
+    store = TCPStore(
+        host_name=os.environ["MASTER_ADDR"],
+        port=int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=STORE_TIMEOUT,
+    )
+    key = STORE_KEY_PREFIX + time_format
+    if os.environ.get("RANK", "0") == "0":
+        # Only sets it when no earlier attempt of this launch did: restarts keep the name.
+        return store.compare_set(key, "", datetime.now().strftime(time_format)).decode()
+    return store.get(key).decode()
+
+
+def register_launch_name_resolver() -> None:
+    """Make `${launch_name:...}` resolvable; cached per config like Hydra's `${now:...}`, so a
+    run's directory keeps its name however often it is read."""
+    if not OmegaConf.has_resolver(RESOLVER):
+        OmegaConf.register_new_resolver(RESOLVER, launch_name, use_cache=True)

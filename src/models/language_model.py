@@ -107,9 +107,10 @@ class LanguageModel(LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Turn the accumulated gradient into that of the mean loss over the step's tokens."""
-        strategy = self.trainer.strategy
-        tokens = strategy.reduce(self._step_tokens.float(), reduce_op="sum").clamp_min(1)
-        loss_sum = strategy.reduce(self._step_loss_sum, reduce_op="sum")
+        # One all-reduce per step for both sums (float64 counts tokens exactly past 2**24).
+        sums = torch.stack([self._step_tokens.double(), self._step_loss_sum.double()])
+        tokens, loss_sum = self.trainer.strategy.reduce(sums, reduce_op="sum")
+        tokens = tokens.clamp_min(1)
         # Lightning divided each micro-batch loss by accumulate_grad_batches; DDP averages devices.
         micro_batches = self.trainer.accumulate_grad_batches * self.trainer.world_size
         scale = (self._step_normaliser * micro_batches / tokens).item()
@@ -117,7 +118,7 @@ class LanguageModel(LightningModule):
             for parameter in self.parameters():
                 if parameter.grad is not None:
                     parameter.grad.mul_(scale)
-        self.log("train/loss", loss_sum / tokens, on_step=True, prog_bar=True)
+        self.log("train/loss", (loss_sum / tokens).float(), on_step=True, prog_bar=True)
         self._reset_step()
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:

@@ -155,6 +155,60 @@ def test_ddp_killed_mid_epoch_resumes_exactly(tmp_path):
     )
 
 
+class CountCollectives(Callback):
+    """Counts the collectives each rank calls during training steps, into `<path>.<rank>.json`.
+    (DDP's gradient all-reduce runs in its C++ reducer and is not counted: it is the strategy.)"""
+
+    NAMES = ("all_reduce", "all_gather", "all_gather_object", "broadcast", "barrier", "reduce")
+
+    def __init__(self, path):
+        self.path, self.counts, self.steps, self.in_step = path, {}, 0, False
+        for name in self.NAMES:
+            setattr(torch.distributed, name, self._counted(name, getattr(torch.distributed, name)))
+
+    def _counted(self, name, collective):
+        def counted(*args, **kwargs):
+            if self.in_step:
+                self.counts[name] = self.counts.get(name, 0) + 1
+            return collective(*args, **kwargs)
+
+        return counted
+
+    def on_train_batch_start(self, *args):
+        self.in_step = True
+
+    def on_train_batch_end(self, *args):
+        self.in_step = False
+        self.steps += 1
+
+    def on_train_end(self, trainer, *args):
+        record = {"steps": self.steps, "counts": self.counts}
+        with open(f"{self.path}.{trainer.global_rank}.json", "w") as file:
+            json.dump(record, file)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("run", "per_step"),
+    [
+        ([*COMMON, "+trainer.limit_train_batches=6"], {}),
+        # The step's token mean needs the token and loss sums of every rank: one all-reduce.
+        ([*LM_RUN, "trainer.precision=32-true"], {"all_reduce": 1}),
+    ],
+    ids=["classifier", "lm"],
+)
+def test_training_steps_call_no_collective_beyond_what_the_loss_needs(tmp_path, run, per_step):
+    counter = [
+        "+callbacks.count._target_=tests.test_distributed.CountCollectives",
+        f"+callbacks.count.path={tmp_path / 'collectives'}",
+    ]
+    run_train(tmp_path / "run", [*run, "trainer=ddp_cpu", *counter])
+    for rank in (0, 1):
+        record = json.loads((tmp_path / f"collectives.{rank}.json").read_text())
+        assert record["steps"] > 0
+        assert record["counts"] == {name: n * record["steps"] for name, n in per_step.items()}
+
+
 @pytest.mark.slow
 def test_torchrun_ranks_share_one_run_directory_that_nobody_pinned(tmp_path):
     torchrun = ROOT / ".venv" / "bin" / "torchrun"

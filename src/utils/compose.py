@@ -8,7 +8,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from src.utils.launch_name import register_launch_name_resolver
+from src.utils.launch import register_launch_resolvers
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = str(ROOT / "conf")
@@ -24,7 +24,7 @@ def compose_run_config(
     inside an app) so the code can compose again; clear it with `GlobalHydra.instance().clear()`.
     """
     os.environ.setdefault("PROJECT_ROOT", str(ROOT))
-    register_launch_name_resolver()
+    register_launch_resolvers()
     GlobalHydra.instance().clear()
     initialize_config_dir(config_dir=CONF_DIR, version_base="1.3")
     cfg = compose(

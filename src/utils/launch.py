@@ -1,11 +1,13 @@
-"""One run directory for every rank of a distributed launch.
+"""The ranks of one distributed launch share one run directory, and only rank 0 writes Hydra's
+files there.
 
 Hydra names a run directory after the time the process composes its config. Under torchrun or
 srun every rank composes its own, milliseconds apart, and would write into a folder of its own.
 Lightning fixes the directory only for the ranks it starts itself (`python train.py
-trainer=ddp`), and Hydra knows nothing of ranks, so `${launch_name:<strftime format>}` (in
-conf/hydra/default.yaml) names the launch once for all of them:
+trainer=ddp`), and Hydra knows nothing of ranks, so conf/hydra/default.yaml uses these
+resolvers:
 
+`${launch_name:<strftime format>}` names the launch once for all ranks:
 - torchrun: rank 0's time, handed to the other ranks through the elastic agent's store (the
   TCP store every worker reaches at MASTER_ADDR:MASTER_PORT). A restarted worker group reads
   the same name, so `ckpt_path=last` finds its checkpoints again.
@@ -14,19 +16,22 @@ conf/hydra/default.yaml) names the launch once for all of them:
   or an interactive shell that runs one job after another keeps names by the time.
 - one process: the time now, as Hydra's `${now:...}`.
 
-`hydra.run.dir=...` on the command line replaces all of this.
+`${rank_zero_only:<value>}` is the value on rank 0 and null on the others (`.hydra/` is saved
+once); `${rank_suffix:}` is `_rank<N>` on ranks other than 0 (each logs to its own file).
+
+`hydra.run.dir=...` on the command line replaces the name.
 """
 
 import os
 from datetime import datetime, timedelta
 from functools import cache
+from typing import Any
 
-from lightning.fabric.plugins.environments import SLURMEnvironment
+from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from omegaconf import OmegaConf
 
 from src.utils.errors import LaunchError
 
-RESOLVER = "launch_name"
 STORE_KEY_PREFIX = "launch_name/"
 # The other ranks wait this long for rank 0 to publish the name (they start together).
 STORE_TIMEOUT = timedelta(minutes=5)
@@ -36,7 +41,7 @@ FIRST_SPECIAL_SLURM_STEP = 0xFFFFFFF0
 
 def launch_name(time_format: str) -> str:
     """The name all ranks of this launch agree on (see the module docstring)."""
-    if "TORCHELASTIC_RUN_ID" in os.environ:
+    if TorchElasticEnvironment.detect():
         return torchrun_launch_name(time_format)
     if in_multi_task_srun_step():
         return slurm_launch_name()
@@ -83,14 +88,37 @@ def torchrun_launch_name(time_format: str) -> str:
         timeout=STORE_TIMEOUT,
     )
     key = STORE_KEY_PREFIX + time_format
-    if os.environ.get("RANK", "0") == "0":
+    if launch_rank() == 0:
         # Only sets it when no earlier attempt of this launch did: restarts keep the name.
         return store.compare_set(key, "", datetime.now().strftime(time_format)).decode()
     return store.get(key).decode()
 
 
-def register_launch_name_resolver() -> None:
-    """Make `${launch_name:...}` resolvable; cached per config like Hydra's `${now:...}`, so a
-    run's directory keeps its name however often it is read."""
-    if not OmegaConf.has_resolver(RESOLVER):
-        OmegaConf.register_new_resolver(RESOLVER, launch_name, use_cache=True)
+def launch_rank() -> int:
+    """This process's global rank when torchrun or srun started it, else 0."""
+    for environment in (TorchElasticEnvironment, SLURMEnvironment):
+        if environment.detect():
+            return environment().global_rank()
+    return 0
+
+
+def rank_zero_only(value: Any) -> Any:
+    return value if launch_rank() == 0 else None
+
+
+def rank_suffix() -> str:
+    rank = launch_rank()
+    return f"_rank{rank}" if rank else ""
+
+
+def register_launch_resolvers() -> None:
+    """Make the resolvers above usable in configs. `launch_name` is cached per config like
+    Hydra's `${now:...}`, so a run's directory keeps its name however often it is read."""
+    resolvers = {
+        "launch_name": (launch_name, True),
+        "rank_zero_only": (rank_zero_only, False),
+        "rank_suffix": (rank_suffix, False),
+    }
+    for name, (resolver, use_cache) in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver, use_cache=use_cache)

@@ -6,12 +6,13 @@ import threading
 from datetime import datetime
 
 import pytest
-from omegaconf import OmegaConf
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from torch.distributed import TCPStore
 
-from src.utils import launch_name as launch
+from src.utils import launch
+from src.utils.compose import CONF_DIR
 from src.utils.errors import LaunchError
-from src.utils.hydra_callbacks import RankZeroRunFiles
 
 TIME_FORMAT = "%Y-%m-%d_%H-%M-%S_%f"
 LAUNCH_VARIABLES = [
@@ -110,28 +111,29 @@ def test_torchrun_without_the_agent_store_uses_the_rendezvous_id(monkeypatch):
         launch.launch_name(TIME_FORMAT)
 
 
-def hydra_config():
-    return OmegaConf.create({"hydra": {"job": {"name": "train"}, "output_subdir": ".hydra"}})
-
-
-TORCHRUN_RANK = {
+TORCHRUN_RANK_1 = {
     "TORCHELASTIC_RUN_ID": "none",
+    "RANK": "1",
     "GROUP_RANK": "0",
     "LOCAL_RANK": "1",
     "LOCAL_WORLD_SIZE": "2",
-    "RANK": "1",
 }
 
 
-def test_a_torchrun_rank_other_than_zero_logs_apart_and_saves_no_config(monkeypatch):
-    config = hydra_config()
-    RankZeroRunFiles().on_run_start(config)
-    assert config.hydra == hydra_config().hydra  # not launched by torchrun: unchanged
-    for name, value in TORCHRUN_RANK.items():
+def hydra_files(config_name):
+    """(job name, which names the log file; where .hydra/ goes) for this process."""
+    launch.register_launch_resolvers()
+    GlobalHydra.instance().clear()
+    initialize_config_dir(config_dir=CONF_DIR, version_base="1.3")
+    hydra = compose(config_name, return_hydra_config=True).hydra
+    return hydra.job.name, hydra.output_subdir
+
+
+@pytest.mark.parametrize("config_name", ["train", "eval"])
+def test_only_rank_zero_saves_hydras_files_and_other_ranks_log_apart(monkeypatch, config_name):
+    assert hydra_files(config_name) == (config_name, ".hydra")
+    for name, value in TORCHRUN_RANK_1.items():
         monkeypatch.setenv(name, value)
-    RankZeroRunFiles().on_run_start(config)
-    assert config.hydra.job.name == "train_rank1" and config.hydra.output_subdir is None
+    assert hydra_files(config_name) == (f"{config_name}_rank1", None)
     monkeypatch.setenv("RANK", "0")
-    config = hydra_config()
-    RankZeroRunFiles().on_run_start(config)
-    assert config.hydra == hydra_config().hydra
+    assert hydra_files(config_name) == (config_name, ".hydra")

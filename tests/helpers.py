@@ -3,6 +3,7 @@
 import gzip
 import os
 import signal
+import socket
 import struct
 from pathlib import Path
 
@@ -27,6 +28,13 @@ def compose_config(run_dir: Path, overrides: list[str], config_name: str = "trai
     """Compose a config as `python train.py <overrides>` would, with its run dir at `run_dir`
     (the autouse fixture in conftest.py clears Hydra after each test)."""
     return compose_run_config(run_dir, overrides, config_name)
+
+
+def free_port() -> int:
+    """A TCP port on localhost that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def write_idx_images(path: Path, images: np.ndarray) -> None:

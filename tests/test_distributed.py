@@ -24,7 +24,7 @@ from src.models.parallel import shard_decoder_layers
 from src.utils.config_checks import check_config_types
 from src.utils.errors import ConfigError
 from src.utils.run import check_launch
-from tests.helpers import FAST, ROOT, compose_config
+from tests.helpers import FAST, ROOT, compose_config, free_port
 from tests.test_resume import assert_same_tensors
 from train import train
 
@@ -209,21 +209,53 @@ def test_training_steps_call_no_collective_beyond_what_the_loss_needs(tmp_path, 
         assert record["counts"] == {name: n * record["steps"] for name, n in per_step.items()}
 
 
+UNPINNED_DDP = [*COMMON, "trainer=ddp_cpu", "data.batch_size=32"]
+
+
+def the_one_run_directory(log_dir):
+    """The only run directory under `log_dir`, after checking that rank 0 wrote the run's
+    files there and each rank its own log."""
+    (run_dir,) = (log_dir / "train" / "runs").iterdir()
+    for written in ["metrics.json", "checkpoints/last.ckpt", ".hydra/config.yaml"]:
+        assert (run_dir / written).exists(), written
+    assert {path.name for path in run_dir.glob("*.log")} == {"train.log", "train_rank1.log"}
+    return run_dir
+
+
 @pytest.mark.slow
 def test_torchrun_ranks_share_one_run_directory_that_nobody_pinned(tmp_path):
     torchrun = ROOT / ".venv" / "bin" / "torchrun"
     if not torchrun.exists():
         pytest.skip("torchrun not found in .venv")
-    run_train(
-        None,
-        [*COMMON, "trainer=ddp_cpu", "data.batch_size=32", f"paths.log_dir={tmp_path}"],
-        launcher=(str(torchrun), "--nproc_per_node=2"),
-    )
-    (run_dir,) = (tmp_path / "train" / "runs").iterdir()
-    for written in ["metrics.json", "checkpoints/last.ckpt", ".hydra/config.yaml"]:
-        assert (run_dir / written).exists(), written
-    # Each rank logs to its own file; only rank 0 saves the config.
-    assert {path.name for path in run_dir.glob("*.log")} == {"train.log", "train_rank1.log"}
+    launcher = (str(torchrun), "--nproc_per_node=2")
+    run_train(None, [*UNPINNED_DDP, f"paths.log_dir={tmp_path}"], launcher=launcher)
+    the_one_run_directory(tmp_path)
+
+
+@pytest.mark.slow
+def test_srun_tasks_share_one_run_directory_named_after_the_job(tmp_path):
+    """Two processes with the environment srun gives the two tasks of job 4242 on one node."""
+    port = free_port()
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_JOB_NAME": "train"}
+    slurm |= {"SLURM_NTASKS": "2", "SLURM_NTASKS_PER_NODE": "2", "SLURM_NODEID": "0"}
+    slurm |= {"SLURM_NODELIST": "localhost", "MASTER_PORT": str(port)}
+    command = [sys.executable, str(ROOT / "train.py"), *UNPINNED_DDP, f"paths.log_dir={tmp_path}"]
+    tasks = [
+        subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=os.environ | slurm | {"SLURM_PROCID": str(rank), "SLURM_LOCALID": str(rank)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        for rank in (0, 1)
+    ]
+    for task in tasks:
+        _, stderr = task.communicate(timeout=300)
+        assert task.returncode == 0, stderr[-3000:]
+    assert the_one_run_directory(tmp_path).name == "slurm-4242"
 
 
 # -- launches that a multirun refuses, and those it allows ------------------------------------

@@ -1,7 +1,6 @@
 """All ranks of a torchrun or srun launch name the run directory alike, and only rank 0 writes
 Hydra's files; a single process names it by the time, as before."""
 
-import socket
 import threading
 from datetime import datetime
 
@@ -13,6 +12,7 @@ from torch.distributed import TCPStore
 from src.utils import launch
 from src.utils.compose import CONF_DIR
 from src.utils.errors import LaunchError
+from tests.helpers import free_port
 
 TIME_FORMAT = "%Y-%m-%d_%H-%M-%S_%f"
 LAUNCH_VARIABLES = [
@@ -63,9 +63,7 @@ def test_runs_under_one_job_but_not_one_srun_step_are_named_by_the_time(
 @pytest.fixture
 def agent_store(monkeypatch):
     """A TCP store as torchrun's elastic agent hosts one, and the variables it gives workers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     for name, value in {
         "TORCHELASTIC_RUN_ID": "none",

@@ -20,8 +20,11 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from src.utils.checkpoint_io import load_checkpoint  # noqa: E402
 from src.utils.config_checks import check_config_types  # noqa: E402
 from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
+from src.utils.launch import register_launch_resolvers  # noqa: E402
 from src.utils.run import build_trainer, run_overrides  # noqa: E402
 from src.utils.run_files import finish_run  # noqa: E402
+
+register_launch_resolvers()  # ${launch_name:...} and friends, used by conf/hydra/default.yaml
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,9 @@ from torchvision.datasets.folder import IMG_EXTENSIONS  # noqa: E402
 from src.data.image import ImageDataModule  # noqa: E402
 from src.utils.checkpoint_model import load_trained  # noqa: E402
 from src.utils.errors import ConfigError, DataError, MissingFileError, exit_on_user_error  # noqa: E402
+from src.utils.launch import register_launch_resolvers  # noqa: E402
+
+register_launch_resolvers()  # ${launch_name:...} and friends, used by conf/hydra/default.yaml
 
 Prediction = tuple[Path, list[tuple[str, float]]]  # an image, its top-k (label, probability)
 

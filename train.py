@@ -19,10 +19,13 @@ from omegaconf import DictConfig  # noqa: E402
 
 from src.utils.config_checks import check_config_types  # noqa: E402
 from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
+from src.utils.launch import register_launch_resolvers  # noqa: E402
 from src.utils.lr_scaling import apply_lr_scaling  # noqa: E402
 from src.utils.run import build_trainer, check_launch, plain_config, run_overrides  # noqa: E402
 from src.utils.run_files import finish_run  # noqa: E402
 from src.utils.weights import check_checkpoint_fits  # noqa: E402
+
+register_launch_resolvers()  # ${launch_name:...} and friends, used by conf/hydra/default.yaml
 
 log = logging.getLogger(__name__)
 

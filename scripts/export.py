@@ -20,7 +20,10 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from src.utils.checkpoint_io import load_checkpoint  # noqa: E402
 from src.utils.errors import ConfigError, exit_on_user_error  # noqa: E402
+from src.utils.launch import register_launch_resolvers  # noqa: E402
 from src.utils.weights import network_state_dict, save_weights  # noqa: E402
+
+register_launch_resolvers()  # ${launch_name:...} and friends, used by conf/hydra/default.yaml
 
 log = logging.getLogger(__name__)
 FILENAMES = {"safetensors": "model.safetensors", "state_dict": "model.pt"}

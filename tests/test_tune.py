@@ -48,6 +48,20 @@ def test_update_lr_false_only_suggests(tmp_path):
     assert first_logged_lr(tmp_path) == pytest.approx(1e-3)  # optimizer.lr of conf/optimizer/adam
 
 
+def test_a_resumed_run_keeps_its_learning_rate_without_a_new_range_test(tmp_path):
+    trainer, finder = fit(tmp_path, [])
+    suggestion = finder.optimal_lr.suggestion()
+    (tmp_path / "plots" / "lr_find.png").unlink()
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    cfg = compose_config(tmp_path, [*FAST, *LR_FIND, "trainer.max_epochs=2"])
+    trainer = build_trainer(cfg)
+    model = hydra.utils.instantiate(cfg.model)
+    trainer.fit(model, datamodule=hydra.utils.instantiate(cfg.data), ckpt_path=checkpoint)
+    resumed_finder = next(c for c in trainer.callbacks if isinstance(c, LRFinder))
+    assert resumed_finder.optimal_lr is None and not (tmp_path / "plots" / "lr_find.png").exists()
+    assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(suggestion)
+
+
 def accuracy(cfg, state_dict, split: str) -> float:
     model = hydra.utils.instantiate(cfg.model)
     model.load_state_dict(state_dict)

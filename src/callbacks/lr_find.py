@@ -18,13 +18,22 @@ class LRFinder(LearningRateFinder):
     Before fitting, the range test trains `num_training_steps` steps at rates rising from `min_lr`
     to `max_lr`, then restores the weights. The suggestion (steepest loss descent) is printed,
     drawn in `<dirpath>/lr_find.png` and, with `update_lr`, written into the optimizer and the
-    schedulers' base rates, so training starts from it.
+    schedulers' base rates, so training starts from it. A resumed run skips the test.
     """
 
     def __init__(self, dirpath: str, update_lr: bool = True, **finder_args):
         super().__init__(update_attr=False, **finder_args)
         self.dirpath = Path(dirpath)
         self.update_lr = update_lr
+
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.ckpt_path is not None:
+            # The checkpoint's optimizer state would replace the suggestion anyway.
+            rank_zero_info(
+                "Learning-rate finder skipped: a resumed run keeps the learning rate it had."
+            )
+            return
+        super().on_fit_start(trainer, pl_module)
 
     def lr_find(self, trainer: Trainer, pl_module: LightningModule) -> None:
         super().lr_find(trainer, pl_module)

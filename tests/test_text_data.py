@@ -114,6 +114,17 @@ def test_a_second_run_reads_the_token_cache_and_a_changed_file_misses_it(corpus,
     assert len(tokenised) == len(PARAGRAPHS) + 1
 
 
+def test_the_process_that_fills_the_cache_reads_the_files_once(corpus, tmp_path):
+    module = TextDataModule(paths=[str(corpus)], cache_dir=str(tmp_path / "cache"))
+    reads = []
+    original = module.load_documents
+    module.load_documents = lambda: reads.append(1) or original()
+    module.prepare_data()
+    module.setup()
+    assert len(reads) == 1 and (tmp_path / "cache").is_dir()
+    assert len(module.datasets["train"]) > 0
+
+
 def test_a_bpe_tokenizer_is_trained_on_the_training_text_and_reused(corpus, tmp_path):
     options = {"kind": "bpe", "vocab_size": 300}
     module = text_module(corpus, tmp_path, tokenizer=options)

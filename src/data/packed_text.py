@@ -136,6 +136,8 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.tokenizer = None
         self.datasets: dict[str, RowDataset] = {}
+        # What prepare_data tokenised, handed to setup in the same process (then dropped).
+        self._prepared: tuple[list[Any], dict[str, torch.Tensor], list[Sample]] | None = None
         self.accounting: dict[str, TokenAccounting] = {}
 
     # -- what subclasses provide -------------------------------------------------------------
@@ -167,9 +169,10 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
 
     def prepare_data(self) -> None:
         """Tokenise into the cache once, on one process per node, before every rank's setup
-        reads it back (with a cache folder; without one each rank tokenises for itself)."""
+        reads it back (with a cache folder; without one each rank tokenises for itself).
+        This process's own setup then reuses the result instead of reading the files again."""
         if self.cache_dir is not None:
-            self.tokenized()
+            self._prepared = self.tokenized()
 
     def tokenized(self) -> tuple[list[Any], dict[str, torch.Tensor], list[Sample]]:
         """(documents, document indices of each split, one sample per document), after setting
@@ -195,7 +198,8 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        documents, split_of, samples = self.tokenized()
+        documents, split_of, samples = self._prepared or self.tokenized()
+        self._prepared = None
         for split in SPLITS:
             indices = split_of[split].tolist()
             fitted, self.accounting[split] = fit_to_length(

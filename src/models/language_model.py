@@ -107,9 +107,10 @@ class LanguageModel(LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Turn the accumulated gradient into that of the mean loss over the step's tokens."""
-        # Both sums in one all-reduce (float64 counts tokens exactly past 2**24), straight to the
-        # process group: Lightning's strategy.reduce adds a barrier, a second collective per step.
-        sums = torch.stack([self._step_tokens.double(), self._step_loss_sum.double()])
+        # Both sums in one all-reduce, straight to the process group: Lightning's
+        # strategy.reduce adds a barrier, a second collective per step.
+        dtype = torch.promote_types(self._step_loss_sum.dtype, torch.float32)
+        sums = torch.stack([self._step_tokens.to(dtype), self._step_loss_sum.to(dtype)])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(sums)
         tokens, loss_sum = sums[0].clamp_min(1), sums[1]
@@ -120,7 +121,7 @@ class LanguageModel(LightningModule):
             for parameter in self.parameters():
                 if parameter.grad is not None:
                     parameter.grad.mul_(scale)
-        self.log("train/loss", (loss_sum / tokens).float(), on_step=True, prog_bar=True)
+        self.log("train/loss", loss_sum / tokens, on_step=True, prog_bar=True)
         self._reset_step()
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:

@@ -94,12 +94,19 @@ def torchrun_launch_name(time_format: str) -> str:
     return store.get(key).decode()
 
 
-def launch_rank() -> int:
-    """This process's global rank when torchrun or srun started it, else 0."""
+def external_launcher() -> type[TorchElasticEnvironment | SLURMEnvironment] | None:
+    """Lightning's environment class for torchrun or srun when one of them started this
+    process (its ranks exist already), else None."""
     for environment in (TorchElasticEnvironment, SLURMEnvironment):
         if environment.detect():
-            return environment().global_rank()
-    return 0
+            return environment
+    return None
+
+
+def launch_rank() -> int:
+    """This process's global rank when torchrun or srun started it, else 0."""
+    launcher = external_launcher()
+    return 0 if launcher is None else launcher().global_rank()
 
 
 def rank_zero_only(value: Any) -> Any:

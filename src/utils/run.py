@@ -5,13 +5,13 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 from lightning.pytorch import Trainer
 from omegaconf import DictConfig, OmegaConf
 
 from src.callbacks.run_config import RunConfigInCheckpoint
 from src.utils.errors import LaunchError
 from src.utils.instantiate import instantiate_group
+from src.utils.launch import external_launcher
 
 
 def plain_config(cfg: DictConfig) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def check_launch(cfg: DictConfig) -> None:
     launcher) or torchrun the ranks already exist and nothing is re-run."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return
-    if SLURMEnvironment.detect() or TorchElasticEnvironment.detect():
+    if external_launcher() is not None:
         return
     strategy = strategy_name(cfg.trainer.get("strategy", "auto"))
     devices = cfg.trainer.get("devices", 1)

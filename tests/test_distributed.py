@@ -20,10 +20,11 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.fsdp import ShardingStrategy
 
+from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.models.parallel import shard_decoder_layers
 from src.utils.config_checks import check_config_types
 from src.utils.errors import ConfigError
-from src.utils.run import check_launch
+from src.utils.run import build_trainer, check_launch
 from tests.helpers import FAST, ROOT, compose_config, free_port
 from tests.test_resume import assert_same_tensors
 from train import train
@@ -281,6 +282,45 @@ def test_a_multirun_whose_ranks_an_external_launcher_starts_may_use_ddp(
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
     check_launch(compose_config(tmp_path, ["trainer=ddp_cpu", "hydra.mode=MULTIRUN"]))
+
+
+# -- Exit: a finished rank must not abort while Python shuts down ------------------------------
+
+# atexit runs its handlers last-in first-out: the probe runs after any the callback registers.
+EXIT_PROBE = """
+import atexit, sys
+import torch
+import torch.distributed as dist
+from src.callbacks.process_group import DestroyProcessGroupAtExit
+
+atexit.register(lambda: print("group alive at exit:", dist.is_initialized()))
+dist.init_process_group("gloo", init_method=sys.argv[1], rank=0, world_size=1)
+dist.all_reduce(torch.ones(1))
+if sys.argv[2] == "callback":
+    for stage in ("fit", "test"):
+        DestroyProcessGroupAtExit().setup(None, None, stage)
+"""
+
+
+@pytest.mark.parametrize(("with_callback", "alive_at_exit"), [("callback", False), ("none", True)])
+def test_a_rank_destroys_its_gloo_group_before_python_shuts_down(with_callback, alive_at_exit):
+    """Left to interpreter shutdown, a gloo group's worker thread can still be freeing the last
+    collective when Python stops handing out the GIL, and the rank aborts (SIGABRT)."""
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    result = subprocess.run(
+        [sys.executable, "-c", EXIT_PROBE, init_method, with_callback],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"group alive at exit: {alive_at_exit}" in result.stdout
+
+
+def test_every_trainer_destroys_its_process_group_at_exit_even_with_callbacks_off(tmp_path):
+    trainer = build_trainer(compose_config(tmp_path, ["callbacks=none"]))
+    assert any(isinstance(callback, DestroyProcessGroupAtExit) for callback in trainer.callbacks)
 
 
 # -- FSDP (GPUs only in Lightning 2.6) and FSDP2 (ModelParallelStrategy, also on CPU) ----------

@@ -8,6 +8,7 @@ from hydra.types import RunMode
 from lightning.pytorch import Trainer
 from omegaconf import DictConfig, OmegaConf
 
+from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.callbacks.run_config import RunConfigInCheckpoint
 from src.utils.errors import LaunchError
 from src.utils.instantiate import instantiate_group
@@ -68,7 +69,8 @@ def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = N
     With `run_config` (resolved config, overrides) every checkpoint also records how the run
     was configured, and the loggers receive the config as hyperparameters.
     """
-    callbacks = instantiate_group(cfg.get("callbacks"))
+    # Not a config choice: without it a distributed CPU run can abort at exit (see the class).
+    callbacks = [*instantiate_group(cfg.get("callbacks")), DestroyProcessGroupAtExit()]
     if run_config is not None:
         callbacks.append(RunConfigInCheckpoint(*run_config))
     loggers = instantiate_group(cfg.get("logger"))

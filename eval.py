@@ -6,25 +6,20 @@ rebuilt without repeating the training overrides; overrides given here (e.g. a d
 """
 
 import logging
-import os
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
+import hydra
+from omegaconf import DictConfig, OmegaConf
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-
-from src.utils.checkpoint_io import load_checkpoint  # noqa: E402
-from src.utils.config_checks import check_config_types  # noqa: E402
-from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
-from src.utils.launch import register_launch_resolvers  # noqa: E402
-from src.utils.run import build_trainer, run_overrides  # noqa: E402
-from src.utils.run_files import finish_run  # noqa: E402
-
-register_launch_resolvers()  # ${launch_name:...} and friends, used by conf/hydra/default.yaml
+from src.checkpoints.io import load_checkpoint
+from src.run.app import hydra_app
+from src.run.config_checks import check_config_types
+from src.run.outputs import finish_run
+from src.run.trainer import build_trainer, run_overrides
+from src.utils.errors import MissingFileError
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +86,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     )
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="eval")
-@exit_on_user_error
+@hydra_app("eval")
 def main(cfg: DictConfig) -> None:
     evaluate(cfg)
 

@@ -7,24 +7,18 @@ normalised). Prints the `top_k` classes of each image; for a folder, also writes
 """
 
 import csv
-import os
 from pathlib import Path
 
-os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
+import torch
+from lightning.pytorch import LightningModule
+from omegaconf import DictConfig
+from PIL import Image, UnidentifiedImageError
+from torchvision.datasets.folder import IMG_EXTENSIONS
 
-import hydra  # noqa: E402
-import torch  # noqa: E402
-from lightning.pytorch import LightningModule  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-from PIL import Image, UnidentifiedImageError  # noqa: E402
-from torchvision.datasets.folder import IMG_EXTENSIONS  # noqa: E402
-
-from src.data.image import ImageDataModule  # noqa: E402
-from src.utils.checkpoint_model import load_trained  # noqa: E402
-from src.utils.errors import ConfigError, DataError, MissingFileError, exit_on_user_error  # noqa: E402
-from src.utils.launch import register_launch_resolvers  # noqa: E402
-
-register_launch_resolvers()  # ${launch_name:...} and friends, used by conf/hydra/default.yaml
+from src.checkpoints.restore import load_trained
+from src.data.image import ImageDataModule
+from src.run.app import hydra_app
+from src.utils.errors import ConfigError, DataError, MissingFileError
 
 Prediction = tuple[Path, list[tuple[str, float]]]  # an image, its top-k (label, probability)
 
@@ -115,8 +109,7 @@ def report(predictions: list[Prediction], input_path: Path, output_dir: Path) ->
         print(f"Predictions written to {csv_path}")
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="predict")
-@exit_on_user_error
+@hydra_app("predict")
 def main(cfg: DictConfig) -> None:
     report(predict(cfg), Path(cfg.input), Path(cfg.paths.output_dir))
 

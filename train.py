@@ -5,27 +5,22 @@ objects Hydra builds: datamodule, model, callbacks, loggers and Trainer; fit, te
 """
 
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("PROJECT_ROOT", str(Path(__file__).resolve().parent))
+import hydra
+import lightning as L
+from lightning.pytorch import LightningModule
+from omegaconf import DictConfig
 
-import hydra  # noqa: E402
-import lightning as L  # noqa: E402
-from lightning.pytorch import LightningModule  # noqa: E402
-from omegaconf import DictConfig  # noqa: E402
-
-from src.utils.config_checks import check_config_types  # noqa: E402
-from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
-from src.utils.launch import register_launch_resolvers  # noqa: E402
-from src.utils.lr_scaling import apply_lr_scaling  # noqa: E402
-from src.utils.run import build_trainer, check_launch, plain_config, run_overrides  # noqa: E402
-from src.utils.run_files import finish_run  # noqa: E402
-from src.utils.weights import check_checkpoint_fits  # noqa: E402
-
-register_launch_resolvers()  # ${launch_name:...} and friends, used by conf/hydra/default.yaml
+from src.checkpoints.weights import check_checkpoint_fits
+from src.run.app import hydra_app
+from src.run.config_checks import check_config_types
+from src.run.lr_scaling import apply_lr_scaling
+from src.run.outputs import finish_run
+from src.run.trainer import build_trainer, check_launch, plain_config, run_overrides
+from src.utils.errors import MissingFileError
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +77,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     )
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="train")
-@exit_on_user_error
+@hydra_app("train")
 def main(cfg: DictConfig) -> float | None:
     record = train(cfg)
     # The value a sweeper (e.g. Optuna) optimises.

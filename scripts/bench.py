@@ -35,21 +35,19 @@ import time
 from itertools import cycle
 from pathlib import Path
 
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from torchvision.transforms import v2
+
+from src.callbacks.peak_flops import cpu_name
+from src.data.image import TransformedDataset, precompute
+from src.models.cnn import CNN
+from src.models.simplenet import SimpleNet
+from src.run.compose import compose_run_config
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("PROJECT_ROOT", str(ROOT))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-from torchvision.transforms import v2  # noqa: E402
-
-from src.data.image import TransformedDataset, precompute  # noqa: E402
-from src.models.cnn import CNN  # noqa: E402
-from src.models.simplenet import SimpleNet  # noqa: E402
-from src.utils.compose import compose_run_config  # noqa: E402
-from src.utils.peak_flops import cpu_name  # noqa: E402
 
 NETWORKS = {"simplenet": SimpleNet, "cnn": CNN}
 MNIST_TRANSFORM = v2.Compose(

@@ -27,10 +27,9 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from src.models.qwen import QwenConfig, QwenLM
 
-from src.models.qwen import QwenConfig, QwenLM  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MODELS = {"dense": "qwen3_tiny", "hybrid": "qwen3_next_tiny"}
 PRECISIONS = ("fp32", "bf16-mixed")

@@ -30,15 +30,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from scripts.bench import machine
+from scripts.bench_lm import markdown, model_config
+from src.data.packed_text import PackedTextDataModule
+from src.data.sft import SFTDataModule
+from src.data.text import TextDataModule
+from src.models.qwen import QwenLM
 
-from scripts.bench import machine  # noqa: E402
-from scripts.bench_lm import markdown, model_config  # noqa: E402
-from src.data.packed_text import PackedTextDataModule  # noqa: E402
-from src.data.sft import SFTDataModule  # noqa: E402
-from src.data.text import TextDataModule  # noqa: E402
-from src.models.qwen import QwenLM  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 SHAKESPEARE = ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt"
 DATASETS = ("sft", "shakespeare")

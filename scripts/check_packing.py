@@ -7,7 +7,7 @@
 Builds the model of the given config overrides (as `train.py` would, in fp32, with freshly
 initialised weights unless the config loads pretrained ones), feeds the same random documents
 packed and padded, and prints the largest difference per check (see
-`src/utils/packing_checks.py`). Exits with status 1 when a check fails its tolerance.
+`src/data/packing_checks.py`). Exits with status 1 when a check fails its tolerance.
 """
 
 import argparse
@@ -18,11 +18,9 @@ from pathlib import Path
 import hydra
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from src.utils.compose import compose_run_config  # noqa: E402
-from src.utils.errors import ConfigError, exit_on_user_error  # noqa: E402
-from src.utils.packing_checks import DEFAULT_LENGTHS, random_documents, run_checks  # noqa: E402
+from src.data.packing_checks import DEFAULT_LENGTHS, random_documents, run_checks
+from src.run.compose import compose_run_config
+from src.utils.errors import ConfigError, exit_on_user_error
 
 # Tolerances in fp32: logits as the transformers Qwen3-Next packed test, gradients relative.
 TOLERANCES = {

@@ -7,23 +7,14 @@ with `python train.py model.pretrained=<exported file>`.
 """
 
 import logging
-import os
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("PROJECT_ROOT", str(ROOT))
+from omegaconf import DictConfig, OmegaConf
 
-import hydra  # noqa: E402
-from omegaconf import DictConfig, OmegaConf  # noqa: E402
-
-from src.utils.checkpoint_io import load_checkpoint  # noqa: E402
-from src.utils.errors import ConfigError, exit_on_user_error  # noqa: E402
-from src.utils.launch import register_launch_resolvers  # noqa: E402
-from src.utils.weights import network_state_dict, save_weights  # noqa: E402
-
-register_launch_resolvers()  # ${launch_name:...} and friends, used by conf/hydra/default.yaml
+from src.checkpoints.io import load_checkpoint
+from src.checkpoints.weights import network_state_dict, save_weights
+from src.run.app import hydra_app
+from src.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
 FILENAMES = {"safetensors": "model.safetensors", "state_dict": "model.pt"}
@@ -44,8 +35,7 @@ def export(cfg: DictConfig) -> Path:
     return weights
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="export")
-@exit_on_user_error
+@hydra_app("export")
 def main(cfg: DictConfig) -> None:
     export(cfg)
 

@@ -12,17 +12,14 @@ tokenizer.json of that folder (a transformers model folder, for instance).
 """
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from src.data.tokenizers import ByteTokenizer, load_pretrained  # noqa: E402
-from src.models.language_model import LanguageModel  # noqa: E402
-from src.models.qwen import QwenLM  # noqa: E402
-from src.utils.errors import MissingFileError, exit_on_user_error  # noqa: E402
+from src.data.tokenizers import ByteTokenizer, load_pretrained
+from src.models.language_model import LanguageModel
+from src.models.qwen import QwenLM
+from src.utils.errors import MissingFileError, exit_on_user_error
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -8,12 +8,9 @@ Three lines in four are {"prompt": ..., "response": ...}, one in four the chat f
 """
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from src.data.synthetic_sft import TASKS, make_examples, write_jsonl  # noqa: E402
+from src.data.synthetic_sft import TASKS, make_examples, write_jsonl
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -11,7 +11,7 @@ import numpy as np
 from lightning.pytorch import Callback
 from omegaconf import DictConfig
 
-from src.utils.compose import ROOT, compose_run_config
+from src.run.compose import ROOT, compose_run_config
 
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 

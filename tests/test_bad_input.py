@@ -11,7 +11,7 @@ import pytest
 import torch
 from hydra.errors import MissingConfigException
 
-from src.utils import checkpoint_io
+from src.checkpoints import io as checkpoint_io
 from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError
 from tests.helpers import FAST, TINY_LM, compose_config, write_mnist
 from train import train

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from scripts.bench import FSDP_ARMS, lm_overrides, main, train_process
-from src.utils.config_checks import check_config_types
+from src.run.config_checks import check_config_types
 from tests.helpers import compose_config
 
 

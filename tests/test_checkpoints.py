@@ -10,8 +10,8 @@ import time
 import pytest
 import torch
 
-from src.utils import checkpoint_io
-from src.utils.checkpoint_io import load_checkpoint, save_atomically
+from src.checkpoints import io as checkpoint_io
+from src.checkpoints.io import load_checkpoint, save_atomically
 from src.utils.errors import CheckpointError
 from tests.helpers import ROOT
 
@@ -87,7 +87,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, monke
 
 WRITER = textwrap.dedent("""
     import sys, torch
-    from src.utils.checkpoint_io import save_atomically
+    from src.checkpoints.io import save_atomically
     version = 0
     while True:
         version += 1

@@ -4,8 +4,8 @@ import hydra
 import pytest
 import torch
 
-from src.utils.config_checks import check_config_types
-from src.utils.instantiate import instantiate_group
+from src.run.config_checks import check_config_types
+from src.run.instantiate import instantiate_group
 from tests.helpers import FAST, ROOT, compose_config
 from train import train
 

@@ -22,9 +22,9 @@ from torch.distributed.fsdp import ShardingStrategy
 
 from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.models.parallel import shard_decoder_layers
-from src.utils.config_checks import check_config_types
+from src.run.config_checks import check_config_types
+from src.run.trainer import build_trainer, check_launch
 from src.utils.errors import ConfigError
-from src.utils.run import build_trainer, check_launch
 from tests.helpers import FAST, ROOT, compose_config, free_port
 from tests.test_resume import assert_same_tensors
 from train import train

@@ -9,8 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from torch.distributed import TCPStore
 
-from src.utils import launch
-from src.utils.compose import CONF_DIR
+from src.run import launch
+from src.run.compose import CONF_DIR
 from src.utils.errors import LaunchError
 from tests.helpers import free_port
 

@@ -6,8 +6,8 @@ import math
 import hydra
 import pytest
 
+from src.run.lr_scaling import apply_lr_scaling, devices_per_node, scaled_lr
 from src.utils.errors import ConfigError
-from src.utils.lr_scaling import apply_lr_scaling, devices_per_node, scaled_lr
 from tests.helpers import compose_config
 
 SCALING = ["+optimizer.scale_lr=linear", "+optimizer.reference_batch_size=64"]
@@ -39,7 +39,7 @@ def test_a_composed_config_scales_the_optimizer_lr_and_hides_the_keys_from_it(tm
         "trainer.accumulate_grad_batches=3",
     ]
     cfg = compose_config(tmp_path, overrides)
-    with caplog.at_level(logging.INFO, logger="src.utils.lr_scaling"):
+    with caplog.at_level(logging.INFO, logger="src.run.lr_scaling"):
         apply_lr_scaling(cfg)
     assert math.isclose(cfg.optimizer.lr, 0.01 * 384 / 64)
     assert "optimizer.lr 0.01 scaled to 0.06 for effective batch 384 (reference 64, linear)" in (

@@ -6,7 +6,7 @@ import sys
 import nbformat
 from nbclient import NotebookClient
 
-from src.utils.compose import ROOT
+from src.run.compose import ROOT
 
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
 KERNEL = "pytorch-template"

@@ -8,10 +8,7 @@ from lightning.pytorch import Trainer
 from scripts.check_packing import TOLERANCES
 from scripts.check_packing import main as check_packing_main
 from src.data.collate import collate_rows
-from src.data.text import TextDataModule
-from src.models.language_model import LanguageModel
-from src.models.qwen import QwenLM
-from src.utils.packing_checks import (
+from src.data.packing_checks import (
     DEFAULT_LENGTHS,
     batches,
     leak_canary,
@@ -19,6 +16,9 @@ from src.utils.packing_checks import (
     random_documents,
     run_checks,
 )
+from src.data.text import TextDataModule
+from src.models.language_model import LanguageModel
+from src.models.qwen import QwenLM
 from tests.helpers import shakespeare_excerpt
 from tests.test_qwen_model import perturbed_model, tiny_config
 

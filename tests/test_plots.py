@@ -7,7 +7,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from src.callbacks.plots import Plots, plot_series, throughput_windows
-from src.utils.run import build_trainer, plain_config
+from src.run.trainer import build_trainer, plain_config
 from tests.helpers import FAST, compose_config
 
 EPOCHS = 2

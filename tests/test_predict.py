@@ -12,8 +12,8 @@ from sklearn.datasets import load_digits
 from torchvision.transforms import v2
 
 from predict import predict, report
+from src.checkpoints.restore import load_trained
 from src.data.imagefolder import ImageFolderDataModule
-from src.utils.checkpoint_model import load_trained
 from src.utils.errors import CheckpointError, DataError, MissingFileError
 from tests.helpers import FAST, ROOT, compose_config, small_image_folder_overrides
 from train import train

@@ -8,7 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from src.utils.profile_report import analyse_trace, classify
+from src.callbacks.profile_report import analyse_trace, classify
 from tests.helpers import FAST, compose_config
 from train import train
 

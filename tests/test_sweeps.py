@@ -10,8 +10,8 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from src.utils.compose import CONF_DIR
-from src.utils.sweep_summary import SweepSummary, plot_metric
+from src.run.compose import CONF_DIR
+from src.run.sweep_summary import SweepSummary, plot_metric
 from tests.helpers import FAST, ROOT
 
 

@@ -7,10 +7,10 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from torch.utils.data import DataLoader, Dataset
 
+from src.callbacks import peak_flops
 from src.callbacks.throughput import Throughput, measure_flops_per_batch
 from src.models.classifier import ImageClassifier
 from src.models.simplenet import SimpleNet
-from src.utils import peak_flops
 from tests.helpers import FAST, compose_config
 from train import train
 

@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from src.utils.run_files import as_number
+from src.run.outputs import as_number
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.profiler import ProfilerActivity, profile, schedule
 
-from src.utils.profile_report import analyse_trace, classify, write_report
+from src.callbacks.profile_report import analyse_trace, classify, write_report
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Lightning's `ThroughputMonitor` synchronises the device after every batch and reports nothing
 about data wait, step-time spread or cold start, so this callback keeps its own host-side
-clock. It still uses Lightning's FLOP counting and peak tables (through `src.utils.peak_flops`).
+clock. It still uses Lightning's FLOP counting and peak tables (through `src.callbacks.peak_flops`).
 
 What it costs per step: two `perf_counter` calls and, for text batches, a few tensor sums kept
 on the device. The device is synchronised only on logging steps, so windowed rates are exact
@@ -20,7 +20,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.flop_counter import FlopCounterMode
 
-from src.utils.peak_flops import dtype_of_precision, peak_flops
+from src.callbacks.peak_flops import dtype_of_precision, peak_flops
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import string
 from collections.abc import Callable
 from pathlib import Path
 
-from src.utils.checkpoint_io import write_atomically
+from src.utils.files import write_atomically
 
 WORDS = (
     "apple", "river", "stone", "light", "cloud", "garden", "window", "silver", "forest",

@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from src.data.packing import Sample
-from src.utils.checkpoint_io import write_atomically
+from src.utils.files import write_atomically
 
 log = logging.getLogger(__name__)
 

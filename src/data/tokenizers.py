@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from src.utils.checkpoint_io import write_atomically
+from src.utils.files import write_atomically
 from src.utils.errors import ConfigError, MissingFileError
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
-from src.utils.weights import load_network_weights
+from src.checkpoints.weights import load_network_weights
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 STAGES = ("train", "val", "test")
@@ -22,7 +22,7 @@ class ImageClassifier(LightningModule):
     parameters. `scheduler` is Lightning's lr-scheduler dict whose `scheduler` entry is a partial
     called with the optimizer, e.g. `{"scheduler": partial(CosineAnnealingLR, T_max=10),
     "interval": "epoch"}`. `pretrained` starts the network from a weights file (see
-    `src/utils/weights.py`). Only plain values reach the checkpoint's hyperparameters, so
+    `src/checkpoints/weights.py`). Only plain values reach the checkpoint's hyperparameters, so
     checkpoints load with `torch.load(..., weights_only=True)`.
     """
 

@@ -1,1 +1,1 @@
-"""Glue between Hydra configs and Lightning: instantiation, checks, run files, sweep summaries."""
+"""The ground floor every layer may use: errors, atomic file writes, the shared contracts."""

@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from src.utils.checkpoint_io import load_checkpoint
+from src.checkpoints.io import load_checkpoint
 from src.utils.errors import CheckpointError, MissingFileError
 
 PREFIX = "net."  # the LightningModule attribute holding the network

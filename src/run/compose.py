@@ -8,7 +8,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
-from src.utils.launch import register_launch_resolvers
+from src.run.launch import register_launch_resolvers
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = str(ROOT / "conf")

@@ -11,8 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.callbacks.run_config import RunConfigInCheckpoint
 from src.utils.errors import LaunchError
-from src.utils.instantiate import instantiate_group
-from src.utils.launch import external_launcher
+from src.run.instantiate import instantiate_group
+from src.run.launch import external_launcher
 
 
 def plain_config(cfg: DictConfig) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from lightning.pytorch import LightningDataModule, LightningModule
 
-from src.utils.checkpoint_io import load_checkpoint
+from src.checkpoints.io import load_checkpoint
 from src.utils.errors import CheckpointError
 
 

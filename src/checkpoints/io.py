@@ -7,54 +7,21 @@ or a full disk during a save leaves the previous checkpoint intact. Every load i
 `weights_only=True`, with errors that say what was wrong with the file.
 """
 
-import errno
-import os
 import pickle
 import zipfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
 from src.utils.errors import CheckpointError, MissingFileError
+from src.utils.files import write_atomically
 
 
 def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
     """torch.save to a temporary file in the same folder, fsync, rename over `path`."""
     write_atomically(path, lambda file: torch.save(checkpoint, file), what="checkpoint")
-
-
-def write_atomically(
-    path: str | Path, write: Callable[[BinaryIO], None] | bytes, what: str = "file"
-) -> None:
-    """Write `path` through a temporary file in the same folder, fsync, rename: readers see the
-    previous content or the new one, never a part. `write` is the bytes or fills the file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed mid-save
-        stale.unlink(missing_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with temporary.open("wb") as file:
-            if isinstance(write, bytes):
-                file.write(write)
-            else:
-                write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException as error:
-        temporary.unlink(missing_ok=True)
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            raise CheckpointError(
-                f"No space left on the device while writing {path}; the previous {what} "
-                f"there (if any) is intact. Free space or point the run elsewhere "
-                f"(hydra.run.dir=...)."
-            ) from error
-        raise
-    _fsync_folder(path.parent)
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
@@ -100,15 +67,3 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         self, path: Any, map_location: Any = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
         return load_checkpoint(path, map_location or "cpu")
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Persist the rename itself (POSIX); a no-op where folders cannot be opened."""
-    try:
-        descriptor = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)

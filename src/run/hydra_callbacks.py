@@ -7,7 +7,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from src.utils.launch import register_launch_resolvers
+from src.run.launch import register_launch_resolvers
 
 # Hydra imports this module in every process that resolves a run or sweep directory, a
 # launcher's jobs included (they unpickle these callbacks but never run train.py's top level).

@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import LogLocator, NullFormatter
 from omegaconf import DictConfig, OmegaConf
 
-from src.utils.run_files import METRICS_FILE
+from src.run.outputs import METRICS_FILE
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,52 @@
+"""Files that never half-exist: written beside their final path, flushed, renamed into place."""
+
+import errno
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from src.utils.errors import CheckpointError
+
+
+def write_atomically(
+    path: str | Path, write: Callable[[BinaryIO], None] | bytes, what: str = "file"
+) -> None:
+    """Write `path` through a temporary file in the same folder, fsync, rename: readers see the
+    previous content or the new one, never a part. `write` is the bytes or fills the file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed mid-save
+        stale.unlink(missing_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with temporary.open("wb") as file:
+            if isinstance(write, bytes):
+                file.write(write)
+            else:
+                write(file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException as error:
+        temporary.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            raise CheckpointError(
+                f"No space left on the device while writing {path}; the previous {what} "
+                f"there (if any) is intact. Free space or point the run elsewhere "
+                f"(hydra.run.dir=...)."
+            ) from error
+        raise
+    fsync_folder(path.parent)
+
+
+def fsync_folder(folder: Path) -> None:
+    """Persist the rename itself (POSIX); a no-op where folders cannot be opened."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

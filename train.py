@@ -19,7 +19,13 @@ from src.run.app import hydra_app
 from src.run.config_checks import check_config_types
 from src.run.lr_scaling import apply_lr_scaling
 from src.run.outputs import finish_run
-from src.run.trainer import build_trainer, check_launch, plain_config, run_overrides
+from src.run.trainer import (
+    build_trainer,
+    check_launch,
+    plain_config,
+    run_overrides,
+    was_preempted,
+)
 from src.utils.errors import MissingFileError
 
 log = logging.getLogger(__name__)
@@ -58,7 +64,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             model, datamodule=datamodule, ckpt_path=checked_ckpt_path(cfg.get("ckpt_path"), model)
         )
     metrics = dict(trainer.callback_metrics)
-    preempted = any(getattr(callback, "received", None) for callback in trainer.callbacks)
+    preempted = was_preempted(trainer)
 
     best_path = trainer.checkpoint_callback.best_model_path if trainer.checkpoint_callback else ""
     if cfg.get("test") and not preempted:

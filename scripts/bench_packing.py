@@ -36,6 +36,7 @@ from src.data.packed_text import PackedTextDataModule
 from src.data.sft import SFTDataModule
 from src.data.text import TextDataModule
 from src.models.qwen import QwenLM
+from src.utils.contracts import IGNORE_INDEX
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +125,7 @@ class Arm:
                 cu_seqlens=batch["cu_seqlens"],
             )
         loss = F.cross_entropy(
-            logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=-100
+            logits.flatten(0, 1).float(), batch["labels"].flatten(), ignore_index=IGNORE_INDEX
         )
         loss.backward()
         self.optimizer.step()

@@ -16,7 +16,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from src.run.outputs import as_number
+from src.utils.lightning import as_number, is_logging_step
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Plots(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if trainer._logger_connector.should_update_logs:
+        if is_logging_step(trainer):
             self._record(trainer, is_step_value)
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:

@@ -1,5 +1,5 @@
 """What a text run's data looks like before it trains: sample lengths, token accounting, the
-tokenizer. A no-op for datamodules without token accounting (images)."""
+tokenizer. A no-op for datamodules without token accounting (`ReportsTokenAccounting`: images)."""
 
 import json
 import logging
@@ -9,6 +9,8 @@ import numpy
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from matplotlib.figure import Figure
+
+from src.utils.contracts import ReportsTokenAccounting
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +32,11 @@ class TextDataReport(Callback):
         self.dirpath = Path(dirpath)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        datamodule = getattr(trainer, "datamodule", None)
-        if not trainer.is_global_zero or not hasattr(datamodule, "accounting"):
+        datamodule = trainer.datamodule
+        if not trainer.is_global_zero or not isinstance(datamodule, ReportsTokenAccounting):
             return
         accounting = datamodule.accounting["train"]
-        metrics = {**accounting.as_metrics("data"), **packing_metrics(datamodule)}
+        metrics = {**accounting.as_metrics("data"), **datamodule.packing_metrics()}
         for logger in trainer.loggers:
             logger.log_metrics(metrics, step=0)
             if isinstance(logger, TensorBoardLogger):
@@ -58,25 +60,6 @@ class TextDataReport(Callback):
             100 * metrics["data/padding_fraction"],
             path,
         )
-
-
-def packing_metrics(datamodule) -> dict[str, float]:
-    """Rows, padding fraction and documents per row of the training split as batched: packed
-    rows are `max_seq_len` slots; padded rows as long as their batch's longest."""
-    dataset = datamodule.datasets["train"]
-    lengths = [sum(len(s) for s in dataset[i]) for i in range(len(dataset))]
-    if datamodule.packing:
-        slots = len(lengths) * datamodule.max_seq_len
-    else:  # padded in consecutive batches of this many rows (the shuffle changes little)
-        size = datamodule.batch_size
-        slots = sum(
-            len(b) * max(b) for b in (lengths[i : i + size] for i in range(0, len(lengths), size))
-        )
-    return {
-        "data/rows": len(lengths),
-        "data/padding_fraction": 1 - sum(lengths) / max(1, slots),
-        "data/documents_per_row": len(dataset.samples) / max(1, len(lengths)),
-    }
 
 
 def plot_lengths(before: list[int], after: list[int], max_seq_len: int, path: Path) -> None:

@@ -21,6 +21,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.flop_counter import FlopCounterMode
 
 from src.callbacks.peak_flops import dtype_of_precision, peak_flops
+from src.utils.contracts import IGNORE_INDEX, CountsFlops
+from src.utils.lightning import is_logging_step
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +32,8 @@ def batch_counts(batch: Any) -> dict[str, Any]:
 
     Image batches are `(inputs, targets)`; text batches are dicts with `input_ids`, optionally
     `document_lengths` (the packed rows' documents; their sum is the real tokens) or
-    `attention_mask` (1 = real token), and `labels` (-100 = not supervised). Token counts stay
-    tensors so that counting never waits for the device.
+    `attention_mask` (1 = real token), and `labels` (IGNORE_INDEX: not supervised). Token counts
+    stay tensors so that counting never waits for the device.
     """
     if isinstance(batch, dict) and "input_ids" in batch:
         input_ids = batch["input_ids"]
@@ -40,7 +42,7 @@ def batch_counts(batch: Any) -> dict[str, Any]:
             "samples": int(input_ids.shape[0]),
             "tokens": int(input_ids.numel()),
             "real_tokens": int(input_ids.numel()),
-            "supervised_tokens": (labels != -100).sum() if labels is not None else None,
+            "supervised_tokens": (labels != IGNORE_INDEX).sum() if labels is not None else None,
         }
         if "document_lengths" in batch:
             lengths = batch["document_lengths"]
@@ -103,7 +105,7 @@ class Throughput(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        should_log = trainer._logger_connector.should_update_logs
+        should_log = is_logging_step(trainer)
         if should_log and pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)  # only here, so the window's clock is exact
         self._last_end = time.perf_counter()
@@ -242,7 +244,7 @@ def measure_flops_per_batch(pl_module: LightningModule, batch: Any) -> float | N
     and eagerly even when the network is compiled, so measuring changes nothing else.
     Backward costs about twice the forward, hence the factor 3.
     """
-    if hasattr(pl_module, "flops_per_batch"):
+    if isinstance(pl_module, CountsFlops):
         return pl_module.flops_per_batch(batch)
     if not isinstance(batch, list | tuple):
         return None

@@ -1,5 +1,6 @@
 """Byte-level language modelling on one text file: UTF-8 bytes are the tokens, nothing to train."""
 
+import logging
 from pathlib import Path
 
 import torch
@@ -8,8 +9,11 @@ from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.sampler import SplitLoaders, resumable_loader
+from src.data.splits import check_fractions, check_loader_options
 from src.data.tokenizers import ByteTokenizer
 from src.utils.errors import ConfigError, DataError, MissingFileError
+
+log = logging.getLogger(__name__)
 
 
 class TokenWindows(Dataset):
@@ -34,7 +38,7 @@ class TokenWindows(Dataset):
 
 class ByteTextDataModule(SplitLoaders, LightningDataModule):
     """A text file as bytes, cut into fixed-length rows; batches are dicts of `input_ids` and
-    `labels` [B, seq_len].
+    `labels` [B, max_seq_len].
 
     The split is contiguous and deterministic: the file's first part trains, then come
     `val_fraction` for validation and `test_fraction` for testing, so no evaluated text sits
@@ -45,26 +49,25 @@ class ByteTextDataModule(SplitLoaders, LightningDataModule):
     def __init__(
         self,
         path: str,
-        seq_len: int = 256,
+        max_seq_len: int = 256,
         batch_size: int = 32,
         eval_batch_size: int | None = None,
         val_fraction: float = 0.05,
         test_fraction: float = 0.05,
         num_workers: int = 0,
         shuffle_seed: int | None = None,
+        seq_len: int | None = None,
     ):
         super().__init__()
-        if seq_len < 1 or batch_size < 1:
-            raise ConfigError(
-                f"data.seq_len and data.batch_size must be positive, got {seq_len}, {batch_size}"
-            )
-        if not (val_fraction > 0 and test_fraction > 0 and val_fraction + test_fraction < 1):
-            raise ConfigError(
-                "data.val_fraction and data.test_fraction must be positive and leave text for "
-                f"training, got {val_fraction} and {test_fraction}"
-            )
+        if seq_len is not None:
+            log.warning("data.seq_len is deprecated: it is data.max_seq_len=%d now", seq_len)
+            max_seq_len = seq_len
+        if max_seq_len < 1:
+            raise ConfigError(f"data.max_seq_len must be a positive integer, got {max_seq_len}")
+        check_loader_options(batch_size, eval_batch_size)
+        check_fractions(val_fraction, test_fraction)
         self.path = Path(path)
-        self.seq_len = seq_len
+        self.max_seq_len = max_seq_len
         self.batch_size = batch_size
         self.eval_batch_size = eval_batch_size or batch_size
         self.fractions = {"val": val_fraction, "test": test_fraction}
@@ -97,11 +100,11 @@ class ByteTextDataModule(SplitLoaders, LightningDataModule):
             "test": (test_start, None),
         }
         for split, (start, end) in bounds.items():
-            self.datasets[split] = TokenWindows(tokens[start:end], self.seq_len)
-            if not len(self.datasets[split]):
+            self.datasets[split] = TokenWindows(tokens[start:end], self.max_seq_len)
+            if split != "test" and not len(self.datasets[split]):
                 raise DataError(
                     f"The {split} split of {self.path} ({len(tokens[start:end])} bytes) is "
-                    f"shorter than one row of seq_len + 1 = {self.seq_len + 1} tokens"
+                    f"shorter than one row of max_seq_len + 1 = {self.max_seq_len + 1} tokens"
                 )
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:

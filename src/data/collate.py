@@ -23,8 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from src.data.packing import Sample
-
-IGNORE_INDEX = -100
+from src.utils.contracts import IGNORE_INDEX
 
 
 def collate_rows(

@@ -5,7 +5,7 @@ from sklearn.datasets import load_digits
 from torch.utils.data import Dataset, TensorDataset, random_split
 
 from src.data.image import ImageDataModule
-from src.utils.errors import ConfigError
+from src.data.splits import check_fractions
 
 
 class DigitsDataModule(ImageDataModule):
@@ -17,13 +17,7 @@ class DigitsDataModule(ImageDataModule):
 
     def __init__(self, test_fraction: float = 0.2, **kwargs):
         super().__init__(**kwargs)
-        if not (
-            self.val_fraction > 0 and test_fraction > 0 and self.val_fraction + test_fraction < 1
-        ):
-            raise ConfigError(
-                "data.val_fraction and data.test_fraction must be positive and leave digits for "
-                f"training, got {self.val_fraction} and {test_fraction}"
-            )
+        check_fractions(self.val_fraction, test_fraction)
         self.test_fraction = test_fraction
 
     def load_splits(self) -> dict[str, Dataset]:

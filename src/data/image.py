@@ -7,13 +7,14 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningDataModule
 from PIL import Image
-from torch.utils.data import Dataset, Subset, TensorDataset, random_split
+from torch.utils.data import Dataset, Subset, TensorDataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchvision import transforms as v1
 from torchvision.transforms import v2
 from torchvision.transforms.v2.functional import pil_to_tensor
 
 from src.data.sampler import resumable_sampler
+from src.data.splits import check_fractions, check_loader_options
 from src.utils.errors import ConfigError, DataError
 
 Transform = Callable[[Any], torch.Tensor]
@@ -66,17 +67,6 @@ def _backing_tensors(dataset: Dataset) -> tuple[torch.Tensor, torch.Tensor] | No
     return None
 
 
-def split_off_validation(dataset: Dataset, val_fraction: float, seed: int) -> tuple[Subset, Subset]:
-    """Split a training set into (train, val), the same way on every run with the same seed."""
-    if not 0.0 < val_fraction < 1.0:
-        raise ConfigError(
-            f"data.val_fraction must be between 0 and 1 (exclusive), got {val_fraction}"
-        )
-    generator = torch.Generator().manual_seed(seed)
-    train, val = random_split(dataset, [1.0 - val_fraction, val_fraction], generator=generator)
-    return train, val
-
-
 class ImageDataModule(LightningDataModule, ABC):
     """Base class: subclasses say where the raw splits come from, this class does the rest.
 
@@ -112,8 +102,8 @@ class ImageDataModule(LightningDataModule, ABC):
         shuffle_seed: int | None = None,
     ):
         super().__init__()
-        if batch_size < 1:
-            raise ConfigError(f"data.batch_size must be a positive integer, got {batch_size}")
+        check_loader_options(batch_size, eval_batch_size)
+        check_fractions(val_fraction)
         self.num_classes = num_classes
         self.input_shape = list(input_shape)
         self.transform = transform

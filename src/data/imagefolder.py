@@ -5,7 +5,8 @@ from pathlib import Path
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
-from src.data.image import ImageDataModule, split_off_validation
+from src.data.image import ImageDataModule
+from src.data.splits import check_fractions, split_off
 from src.utils.errors import DataError, MissingFileError
 
 
@@ -20,6 +21,7 @@ class ImageFolderDataModule(ImageDataModule):
     def __init__(self, data_dir: str, test_fraction: float = 0.1, **kwargs):
         super().__init__(**kwargs)
         self.data_dir = Path(data_dir)
+        check_fractions(self.val_fraction, test_fraction)
         self.test_fraction = test_fraction
 
     def load_splits(self) -> dict[str, Dataset]:
@@ -31,15 +33,15 @@ class ImageFolderDataModule(ImageDataModule):
         train_dir = self.data_dir / "train"
         if not train_dir.is_dir():
             everything = self._image_folder(self.data_dir)
-            rest, test = split_off_validation(everything, self.test_fraction, self.split_seed)
-            train, val = split_off_validation(rest, self.val_fraction, self.split_seed)
+            rest, test = split_off(everything, self.test_fraction, self.split_seed)
+            train, val = split_off(rest, self.val_fraction, self.split_seed)
             return {"train": train, "val": val, "test": test}
         train = self._image_folder(train_dir)
         classes = train.classes
         if (self.data_dir / "val").is_dir():
             val = self._image_folder(self.data_dir / "val", classes)
         else:
-            train, val = split_off_validation(train, self.val_fraction, self.split_seed)
+            train, val = split_off(train, self.val_fraction, self.split_seed)
         test_dir = self.data_dir / "test"
         test = self._image_folder(test_dir, classes) if test_dir.is_dir() else val
         return {"train": train, "val": val, "test": test}

@@ -9,7 +9,8 @@ import torchvision
 from torch.utils.data import Dataset, TensorDataset
 from torchvision.datasets.utils import extract_archive
 
-from src.data.image import ImageDataModule, split_off_validation
+from src.data.image import ImageDataModule
+from src.data.splits import split_off
 from src.utils.errors import ConfigError, DataError, MissingFileError
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class MNISTDataModule(ImageDataModule):
         self.prepare_data()
         train = self._tensor_dataset(train=True)
         test = self._tensor_dataset(train=False)
-        train, val = split_off_validation(train, self.val_fraction, self.split_seed)
+        train, val = split_off(train, self.val_fraction, self.split_seed)
         return {"train": train, "val": val, "test": test}
 
     def _tensor_dataset(self, train: bool) -> TensorDataset:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from src.utils.contracts import IGNORE_INDEX
 from src.utils.errors import DataError
 
 OVERLONG_POLICIES = ("truncate", "drop", "split", "raise")
@@ -36,7 +37,7 @@ class Sample:
     tokens: torch.Tensor  # [n] int64
     targets: torch.Tensor  # [n] bool
     position_offset: int = 0
-    next_token: int = -100
+    next_token: int = IGNORE_INDEX
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -122,7 +123,7 @@ def _piece(sample: Sample, start: int, max_len: int) -> Sample:
     if end >= len(sample):
         next_token = sample.next_token
     else:
-        next_token = int(sample.tokens[end]) if sample.targets[end] else -100
+        next_token = int(sample.tokens[end]) if sample.targets[end] else IGNORE_INDEX
     offset = sample.position_offset + start
     return Sample(sample.tokens[start:end], sample.targets[start:end], offset, next_token)
 

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from src.data.collate import IGNORE_INDEX, collate_rows
+from src.data.collate import collate_rows
 from src.data.packing import Sample, pack
+from src.utils.contracts import IGNORE_INDEX
 
 # Lengths that catch the usual mistakes: a one-token document, lengths that are not multiples
 # of a Gated DeltaNet chunk (16, 32, 64), documents that cross chunk edges inside a row.

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from src.data.image import ImageDataModule, split_off_validation
+from src.data.image import ImageDataModule
+from src.data.splits import check_fractions, split_off
 from src.utils.errors import ConfigError, DataError, MissingFileError
 
 ARRAY_KEYS = "x and y (optionally x_val, y_val, x_test, y_test)"
@@ -33,6 +34,7 @@ class TensorDataModule(ImageDataModule):
             raise ConfigError("TensorDataModule needs either data.path=<file> or both x and y.")
         self.path = path
         self.arrays = {"x": x, "y": y} if path is None else None
+        check_fractions(self.val_fraction, test_fraction)
         self.test_fraction = test_fraction
 
     def load_splits(self) -> dict[str, Dataset]:
@@ -40,10 +42,10 @@ class TensorDataModule(ImageDataModule):
         train = _tensor_dataset(arrays, "x", "y")
         test = _tensor_dataset(arrays, "x_test", "y_test")
         if test is None:
-            train, test = split_off_validation(train, self.test_fraction, self.split_seed)
+            train, test = split_off(train, self.test_fraction, self.split_seed)
         val = _tensor_dataset(arrays, "x_val", "y_val")
         if val is None:
-            train, val = split_off_validation(train, self.val_fraction, self.split_seed)
+            train, val = split_off(train, self.val_fraction, self.split_seed)
         return {"train": train, "val": val, "test": test}
 
 

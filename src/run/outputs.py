@@ -2,28 +2,16 @@
 
 import json
 import logging
-import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import torch
+from src.utils.lightning import as_number
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
-
-
-def as_number(value: Any) -> Any:
-    """Tensors and NumPy scalars to plain Python numbers (NaN/inf to None, for valid JSON)."""
-    if isinstance(value, torch.Tensor):
-        value = value.item()
-    if hasattr(value, "item"):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
 
 
 def write_metrics(

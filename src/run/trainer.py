@@ -8,11 +8,14 @@ from hydra.types import RunMode
 from lightning.pytorch import Trainer
 from omegaconf import DictConfig, OmegaConf
 
+from src.callbacks.exact_match import ExactMatch
+from src.callbacks.preemption import Preemption
 from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.callbacks.run_config import RunConfigInCheckpoint
-from src.utils.errors import LaunchError
+from src.run.fit_checks import ModelFitsData
 from src.run.instantiate import instantiate_group
 from src.run.launch import external_launcher
+from src.utils.errors import LaunchError
 
 
 def plain_config(cfg: DictConfig) -> dict[str, Any]:
@@ -69,8 +72,10 @@ def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = N
     With `run_config` (resolved config, overrides) every checkpoint also records how the run
     was configured, and the loggers receive the config as hyperparameters.
     """
-    # Not a config choice: without it a distributed CPU run can abort at exit (see the class).
-    callbacks = [*instantiate_group(cfg.get("callbacks")), DestroyProcessGroupAtExit()]
+    # Not config choices: the checks and metrics every run needs, whatever `callbacks=` says,
+    # and the process group's clean exit (without it a distributed CPU run can abort at exit).
+    mandatory = [ModelFitsData(), ExactMatch(), DestroyProcessGroupAtExit()]
+    callbacks = [*instantiate_group(cfg.get("callbacks")), *mandatory]
     if run_config is not None:
         callbacks.append(RunConfigInCheckpoint(*run_config))
     loggers = instantiate_group(cfg.get("logger"))
@@ -79,3 +84,8 @@ def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = N
         for logger in trainer.loggers:
             logger.log_hyperparams(run_config[0])
     return trainer
+
+
+def was_preempted(trainer: Trainer) -> bool:
+    """Whether a preemption signal stopped this run (it saved a checkpoint to resume from)."""
+    return any(isinstance(c, Preemption) and c.received for c in trainer.callbacks)

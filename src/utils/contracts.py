@@ -1,0 +1,76 @@
+"""The contracts between models, datamodules and callbacks, declared once.
+
+Each is a `typing.Protocol` checked with `isinstance` where it is used: a callback or the run
+layer asks "does this datamodule report token accounting?" instead of probing attributes with
+`hasattr`. A class fulfils a contract by having the members, without inheriting from it.
+"""
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+# The label of a position that is not supervised (padding, prompts, document ends), as in
+# torch.nn.functional.cross_entropy's default `ignore_index`.
+IGNORE_INDEX = -100
+
+# A held-out prompt (token ids) and the answer expected for it, for exact-match scoring.
+ExactMatchExample = tuple[list[int], str]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the text datamodules, generation and exact-match scoring need of a tokenizer."""
+
+    vocab_size: int
+    eos_token_id: int
+    pad_token_id: int
+    fingerprint: str  # identifies the vocabulary, for caches
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def save(self, folder: Path) -> None: ...
+
+
+@runtime_checkable
+class CountsFlops(Protocol):
+    """A model that knows its training FLOPs per batch (the Throughput callback's MFU)."""
+
+    def flops_per_batch(self, batch: Any) -> float: ...
+
+
+@runtime_checkable
+class HasVocabulary(Protocol):
+    """A language model or a text datamodule: the token ids it handles are below vocab_size."""
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+@runtime_checkable
+class AnswersPrompts(Protocol):
+    """A language model that answers prompts greedily, for exact-match scoring."""
+
+    def count_exact_matches(
+        self, tokenizer: Tokenizer, examples: Sequence[ExactMatchExample]
+    ) -> int: ...
+
+
+@runtime_checkable
+class ExactMatchData(Protocol):
+    """A datamodule with held-out prompts whose answers are known (SFT data)."""
+
+    tokenizer: Tokenizer
+
+    def exact_match_examples(self, split: str) -> list[ExactMatchExample]: ...
+
+
+@runtime_checkable
+class ReportsTokenAccounting(Protocol):
+    """A text datamodule that says what its over-long policy and packing did to the tokens."""
+
+    max_seq_len: int
+    accounting: Mapping[str, Any]  # split -> src.data.packing.TokenAccounting
+
+    def packing_metrics(self) -> dict[str, float]: ...

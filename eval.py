@@ -1,64 +1,57 @@
 """Evaluate a checkpoint on the test split: `python eval.py ckpt_path=<path to .ckpt>`.
 
-The checkpoint carries the config of the run that wrote it, so the same model and data are
-rebuilt without repeating the training overrides; overrides given here (e.g. a different
-`data.data_dir` or `data.batch_size`) still apply on top.
+The model and the data are restored from the checkpoint (`src.checkpoints.restore`), and so
+are the trainer settings that decide what a test computes (precision, test batches,
+determinism): nothing about the training run needs repeating. This run's overrides of
+`model.` and `data.` keys (e.g. a different `data.data_dir` or `data.batch_size`) change the
+stored config; its `trainer.` overrides, callbacks and loggers are its own.
 """
 
-import logging
+import re
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, open_dict
 
-from src.checkpoints.io import load_checkpoint
+from src.checkpoints.restore import restore
 from src.run.app import hydra_app
 from src.run.config_checks import check_config_types
 from src.run.outputs import finish_run
 from src.run.trainer import build_trainer, run_overrides
 from src.utils.errors import MissingFileError
 
-log = logging.getLogger(__name__)
-
-# Testing needs none of the training callbacks that Lightning would otherwise ask for.
-warnings.filterwarnings("ignore", message="Be aware that when using `ckpt_path`")
-
-# Training overrides that describe how training ran, not what the checkpoint is (keys and the
-# callbacks that eval.yaml switches off).
-NOT_REPLAYED = (
-    "ckpt_path",
-    "debug",
-    "train",
-    "test",
-    "hydra",
-    "seed",
-    "callbacks.model_checkpoint",
-    "callbacks.lr_monitor",
-)
+# The config groups taken from the checkpoint (the rest is this run's own).
+RESTORED_GROUPS = ("model", "data")
+# The trainer settings that decide what a test computes: as the run had them, unless this
+# command sets them.
+TEST_SETTINGS = ("precision", "limit_test_batches", "deterministic")
 
 
-def is_replayed(override: str) -> bool:
-    key = override.lstrip("+~").split("=")[0]
-    return not any(key == skip or key.startswith(f"{skip}.") for skip in NOT_REPLAYED)
+def group_of(override: str) -> str:
+    """The top-level key an override changes: `data` for `data.batch_size=8` or `data=mnist`."""
+    return re.split(r"[.=@]", override.lstrip("+~"))[0]
 
 
-def config_of_checkpoint(cfg: DictConfig, ckpt_path: Path) -> DictConfig:
-    """Compose the eval config as the checkpoint's run was, plus this run's overrides.
+def stored_config_overrides(overrides: list[str]) -> list[str]:
+    """The overrides of the restored groups, for the checkpoint's stored config. A key that the
+    default config lacks needs a `+` on this command line; on the stored config it sets the key
+    whether or not it is there (`++`)."""
+    picked = [override for override in overrides if group_of(override) in RESTORED_GROUPS]
+    return [re.sub(r"^\+(?!\+)", "++", override) for override in picked]
 
-    The model node is taken verbatim from the checkpoint's resolved config, since the weights
-    only fit the architecture that produced them.
-    """
-    stored = load_checkpoint(ckpt_path).get("run_config")
-    if stored is None:
-        log.warning("%s records no run config: using the model and data given here.", ckpt_path)
-        return cfg
-    replayed = [override for override in stored["overrides"] if is_replayed(override)]
-    composed = hydra.compose(config_name="eval", overrides=replayed + run_overrides())
-    OmegaConf.update(composed, "model", stored["config"]["model"], merge=False)
-    return composed
+
+def use_test_settings_of_the_run(cfg: DictConfig, stored_trainer: DictConfig) -> None:
+    """Copy the run's TEST_SETTINGS into this run's trainer config, except those that this
+    command line sets itself (or that its `trainer=<option>` choice sets)."""
+    overrides = run_overrides()
+    if any(override.lstrip("+").startswith("trainer=") for override in overrides):
+        return
+    given = {override.lstrip("+~").split("=")[0] for override in overrides}
+    with open_dict(cfg):
+        for key in TEST_SETTINGS:
+            if f"trainer.{key}" not in given and key in stored_trainer:
+                cfg.trainer[key] = stored_trainer[key]
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
@@ -70,12 +63,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
             f"ckpt_path={str(ckpt_path)!r} is not a file. Pass a checkpoint written by train.py, "
             f"e.g. ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt"
         )
-    cfg = config_of_checkpoint(cfg, ckpt_path)
+    restored = restore(ckpt_path, stored_config_overrides(run_overrides()))
+    use_test_settings_of_the_run(cfg, restored.config.trainer)
     check_config_types(cfg)
-    datamodule = hydra.utils.instantiate(cfg.data)
-    model = hydra.utils.instantiate(cfg.model)
     trainer = build_trainer(cfg)
-    trainer.test(model, datamodule=datamodule, ckpt_path=str(ckpt_path))
+    trainer.test(restored.model, datamodule=restored.datamodule)
 
     return finish_run(
         trainer,

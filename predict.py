@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from PIL import Image, UnidentifiedImageError
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
-from src.checkpoints.restore import load_trained
+from src.checkpoints.restore import restore
 from src.data.image import ImageDataModule
 from src.run.app import hydra_app
 from src.utils.errors import ConfigError, DataError, MissingFileError
@@ -68,7 +68,8 @@ def predict(cfg: DictConfig) -> list[Prediction]:
     if cfg.top_k < 1:
         raise ConfigError(f"top_k must be a positive integer, got {cfg.top_k}.")
     paths = image_paths(Path(cfg.input))
-    model, datamodule = load_trained(cfg.ckpt_path)
+    restored = restore(cfg.ckpt_path)
+    model, datamodule = restored.model, restored.datamodule
     if not isinstance(datamodule, ImageDataModule):
         raise ConfigError(
             f"predict.py classifies images, but {cfg.ckpt_path} was trained on "

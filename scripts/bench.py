@@ -26,7 +26,6 @@ Each case alternates its arms `--repeats` times and reports medians of steady-st
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -41,11 +40,12 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
-from src.callbacks.peak_flops import cpu_name
 from src.data.image import TransformedDataset, precompute
 from src.models.cnn import CNN
 from src.models.simplenet import SimpleNet
+from src.run.benchmarks import machine
 from src.run.compose import compose_run_config
+from src.run.config_checks import check_config_types
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -302,11 +302,17 @@ def lm_overrides(model: str, batch_size: int, seq_len: int, warmup: int, steps: 
 
 
 def bench_fsdp(args, work: Path) -> list[dict]:
-    if not torch.cuda.is_available():
-        raise SystemExit("The fsdp case needs a CUDA GPU (Lightning runs FSDP on CUDA only).")
     overrides = lm_overrides(
         "qwen3_0_6b", args.lm_batch_size, args.seq_len, args.warmup, args.lm_steps
     )
+    # Every arm's config composes and type-checks before the first run: a mistake in the last
+    # arm must not wait for the GPU runs of the others.
+    for index, strategy in enumerate(FSDP_ARMS.values()):
+        check_config_types(
+            compose_run_config(work / f"fsdp_config_{index}", [*overrides, *strategy])
+        )
+    if not torch.cuda.is_available():
+        raise SystemExit("The fsdp case needs a CUDA GPU (Lightning runs FSDP on CUDA only).")
     runs = {arm: [] for arm in FSDP_ARMS}
     for repeat in range(args.repeats):
         for index, (arm, strategy) in enumerate(FSDP_ARMS.items()):
@@ -352,17 +358,6 @@ def compare(
     if first_steps:
         row["cold_start_s"] = first_steps
     return row
-
-
-def machine() -> dict:
-    return {
-        "cpu": cpu_name(),
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-    }
 
 
 def print_table(rows: list[dict]) -> None:

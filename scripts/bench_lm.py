@@ -14,8 +14,6 @@ QwenLM.flops_per_token against a matmul peak measured here, per precision.
 """
 
 import argparse
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -25,16 +23,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 
-from src.models.qwen import QwenConfig, QwenLM
-
-ROOT = Path(__file__).resolve().parents[1]
+from src.models.qwen import QwenLM
+from src.run.benchmarks import machine_line, markdown, model_config, publish
 
 MODELS = {"dense": "qwen3_tiny", "hybrid": "qwen3_next_tiny"}
 PRECISIONS = ("fp32", "bf16-mixed")
-QUICK_SIZES = dict(hidden_size=64, intermediate_size=128, head_dim=16, linear_key_head_dim=16,
-                   linear_value_head_dim=16)  # fmt: skip
 COLUMNS = (
     "model", "precision", "params", "ours tok/s", "transformers tok/s", "speedup",
     "ours MFU", "transformers MFU", "cold start ours / transformers", "max abs Δ logits",
@@ -56,15 +50,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.quick:
         args.batch_size, args.seq_len, args.repeats, args.steps = 2, 80, 1, 1
     return args
-
-
-def model_config(name: str, quick: bool) -> QwenConfig:
-    """The `config` node of conf/model/<name>.yaml, shrunk in quick mode."""
-    values = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml"))
-    config = values["config"]
-    if quick:
-        config.update({k: v for k, v in QUICK_SIZES.items() if k in config})
-    return QwenConfig.from_dict(config)
 
 
 def matmul_peak(dtype: torch.dtype, size: int) -> float:
@@ -165,28 +150,6 @@ def compare(kind: str, precision: str, args, peaks: dict[str, float]) -> dict[st
     }
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [line for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
-        cpu = names[0].split(":", 1)[1].strip() if names else cpu
-    import transformers
-
-    return (
-        f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads; "
-        f"torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"Python {platform.python_version()}"
-    )
-
-
-def markdown(rows: list[dict[str, str]], columns: tuple[str, ...] = COLUMNS) -> str:
-    """The rows as a Markdown table with these columns, in this order."""
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(row[c] for c in columns) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> list[dict[str, str]]:
     import transformers
 
@@ -198,17 +161,15 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
     rows = [compare(k, p, args, peaks) for k in args.models for p in args.precisions]
     command = "python scripts/bench_lm.py " + " ".join(argv if argv is not None else sys.argv[1:])
     report = "\n".join([
-        f"Machine: {machine()}",
+        machine_line(transformers=transformers.__version__),
         f"Matmul peak: {peaks['fp32'] / 1e9:,.0f} GFLOP/s fp32, {peaks['bf16'] / 1e9:,.0f} "
         f"GFLOP/s bf16 ({size}x{size})",
         f"Batch {args.batch_size} x {args.seq_len} tokens, {args.steps} steps per round, "
         f"median of {args.repeats} rounds; command: `{command.strip()}`",
         "",
-        markdown(rows),
+        markdown(rows, COLUMNS),
     ])  # fmt: skip
-    print(report)
-    if args.output:
-        args.output.write_text(report + "\n")
+    publish(report, args.output)
     return rows
 
 

@@ -30,12 +30,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from scripts.bench import machine
-from scripts.bench_lm import markdown, model_config
 from src.data.packed_text import PackedTextDataModule
 from src.data.sft import SFTDataModule
 from src.data.text import TextDataModule
 from src.models.qwen import QwenLM
+from src.run.benchmarks import machine_line, markdown, model_config, publish
 from src.utils.contracts import IGNORE_INDEX
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,13 +210,11 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
             cold.append(times)
             for kind in args.models:
                 rows += compare(dataset, kind, module, args, cache_dir)
-    info = machine()
     command = "python scripts/bench_packing.py " + " ".join(
         argv if argv is not None else sys.argv[1:]
     )
     report = "\n".join([
-        f"Machine: {info['cpu']}, {info['cores']} cores, {info['torch_threads']} torch threads; "
-        f"torch {info['torch']}, Python {info['python']}",
+        machine_line(),
         f"{args.batch_size} packed rows of {args.max_seq_len} tokens per step, {args.precision}; "
         f"{args.steps} steps per round, median of {args.repeats} rounds; "
         f"command: `{command.strip()}`",
@@ -226,9 +223,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
         "",
         "Cold start, tokenising and packing: " + "; ".join(cold),
     ])  # fmt: skip
-    print(report)
-    if args.output:
-        args.output.write_text(report + "\n")
+    publish(report, args.output)
     return rows
 
 

@@ -18,20 +18,9 @@ from pathlib import Path
 import hydra
 import torch
 
-from src.data.packing_checks import DEFAULT_LENGTHS, random_documents, run_checks
+from src.data.packing_checks import DEFAULT_LENGTHS, TOLERANCES, random_documents, run_checks
 from src.run.compose import compose_run_config
 from src.utils.errors import ConfigError, exit_on_user_error
-
-# Tolerances in fp32: logits as the transformers Qwen3-Next packed test, gradients relative.
-TOLERANCES = {
-    "logits_vs_alone": 1e-5,
-    "logits_vs_padded": 1e-5,
-    "loss_vs_padded": 1e-5,
-    "grads_vs_padded": 1e-4,
-    "grads_worst_parameter": 1e-3,
-    "loss_across_packings": 1e-5,
-    "leak_canary": 0.0,
-}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -2,8 +2,9 @@
 
 Writes `model.safetensors` (format=safetensors, the default) or `model.pt` (format=state_dict,
 a plain state dict that loads with `weights_only=True`) into the run directory, with the
-resolved config of the training run as `config.yaml` next to it. Start a new run from them
-with `python train.py model.pretrained=<exported file>`.
+resolved config of the training run as `config.yaml` and, for a run with a BPE or pretrained
+tokenizer, that tokenizer in `tokenizer/`, so that the export is self-contained. Start a new
+run from them with `python train.py model.pretrained=<exported file>`.
 """
 
 import logging
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from src.checkpoints.io import load_checkpoint
+from src.checkpoints.restore import restore
 from src.checkpoints.weights import network_state_dict, save_weights
 from src.run.app import hydra_app
 from src.utils.errors import ConfigError
@@ -21,16 +22,16 @@ FILENAMES = {"safetensors": "model.safetensors", "state_dict": "model.pt"}
 
 
 def export(cfg: DictConfig) -> Path:
-    """Write the weights and the config; return the weights file's path."""
+    """Write the weights, the config and the tokenizer; return the weights file's path."""
     if cfg.format not in FILENAMES:
         raise ConfigError(f"format={cfg.format!r} is not one of {', '.join(FILENAMES)}.")
-    checkpoint = load_checkpoint(cfg.ckpt_path)
+    restored = restore(cfg.ckpt_path)
     out_dir = Path(cfg.paths.output_dir)
     weights = out_dir / FILENAMES[cfg.format]
-    save_weights(network_state_dict(checkpoint), weights)
-    run_config = checkpoint.get("run_config", {}).get("config")
-    if run_config is not None:
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(run_config))
+    save_weights(network_state_dict(restored.model.state_dict()), weights)
+    (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(restored.config))
+    if restored.tokenizer is not None:
+        restored.tokenizer.save(out_dir / "tokenizer")  # nothing for the byte tokenizer
     log.info("Exported %s -> %s", cfg.ckpt_path, weights)
     return weights
 

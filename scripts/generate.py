@@ -4,11 +4,11 @@
     python scripts/generate.py --hf <folder with config.json + model.safetensors> \
         --tokenizer <same folder> --prompt "The capital of France is" --temperature 0
 
---ckpt reads a Lightning checkpoint written by src.models.language_model.LanguageModel (loaded
-with weights_only=True); --hf a transformers-format folder, e.g. a released Qwen3 checkpoint.
-Text is byte-level unless the checkpoint's run directory holds the run's tokenizer (runs with a
-BPE or pretrained tokenizer save it in <run dir>/tokenizer/); --tokenizer <folder> uses the
-tokenizer.json of that folder (a transformers model folder, for instance).
+--ckpt restores a checkpoint of a LanguageModel written by train.py (weights-only, see
+src/checkpoints/restore.py) with the run's own tokenizer, which the checkpoint carries; --hf
+reads a transformers-format folder, e.g. a released Qwen3 checkpoint, with byte-level text.
+--tokenizer <folder> uses the tokenizer.json of that folder instead (a transformers model
+folder, or the <run dir>/tokenizer/ of a checkpoint older than tokenizers in checkpoints).
 """
 
 import argparse
@@ -16,10 +16,11 @@ from pathlib import Path
 
 import torch
 
+from src.checkpoints.restore import restore
 from src.data.tokenizers import ByteTokenizer, load_pretrained
-from src.models.language_model import LanguageModel
 from src.models.qwen import QwenLM
-from src.utils.errors import MissingFileError, exit_on_user_error
+from src.utils.contracts import Tokenizer
+from src.utils.errors import CheckpointError, exit_on_user_error
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,29 +39,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def load_model(args: argparse.Namespace) -> QwenLM:
+def load_model(args: argparse.Namespace) -> tuple[QwenLM, Tokenizer]:
+    """The network and the tokenizer its text is written and read with: --tokenizer's, else
+    the checkpoint's (bytes for --hf)."""
+    folder = args.tokenizer
+    given = load_pretrained(folder) if folder else None
     if args.hf is not None:
-        return QwenLM.from_pretrained(args.hf)
-    if not args.ckpt.is_file():
-        raise MissingFileError(f"--ckpt {args.ckpt} is not a file")
-    module = LanguageModel.load_from_checkpoint(args.ckpt, map_location="cpu", weights_only=True)
-    return module.net
-
-
-def load_tokenizer(folder: Path | None, ckpt: Path | None):
-    """The tokenizer in `folder`, else the one saved in the checkpoint's run directory (BPE or
-    pretrained runs save it there), else bytes."""
-    if folder is None and ckpt is not None:
-        saved = ckpt.resolve().parent.parent / "tokenizer"
-        folder = saved if (saved / "tokenizer.json").is_file() else None
-    return ByteTokenizer() if folder is None else load_pretrained(folder)
+        return QwenLM.from_pretrained(args.hf), given or ByteTokenizer()
+    try:
+        restored = restore(args.ckpt)
+    except CheckpointError:
+        if folder is None:
+            raise
+        # A checkpoint without its tokenizer (older than tokenizers in checkpoints) whose BPE
+        # was trained in the run: the folder given is that tokenizer.
+        pretrained = ["data.tokenizer.kind=pretrained", f"data.tokenizer.path='{folder}'"]
+        restored = restore(args.ckpt, pretrained)
+    return restored.model.net, given or restored.tokenizer
 
 
 @exit_on_user_error
 def main(argv: list[str] | None = None) -> list[str]:
     args = parse_args(argv)
-    model = load_model(args).to(args.device).eval()
-    tokenizer = load_tokenizer(args.tokenizer, args.ckpt)
+    model, tokenizer = load_model(args)
+    model = model.to(args.device).eval()
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
         raise SystemExit("--prompt encodes to no tokens; give at least one character")

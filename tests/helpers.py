@@ -1,16 +1,23 @@
-"""Small data and config builders shared by the tests; nothing here touches the network."""
+"""Small data, config, model and process builders shared by the tests; nothing here touches
+the network."""
 
 import gzip
 import os
 import signal
 import socket
 import struct
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from lightning.pytorch import Callback
+import pytest
+import torch
+from lightning.pytorch import Callback, Trainer
 from omegaconf import DictConfig
 
+from src.models.qwen import QwenConfig, QwenLM
 from src.run.compose import ROOT, compose_run_config
 
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
@@ -150,3 +157,104 @@ def small_image_folder_overrides(folder: Path) -> list[str]:
         "data.pin_memory=false",
         "data.batch_size=8",
     ]
+
+
+# -- processes and trainers -------------------------------------------------------------------
+
+
+def run_script(
+    script: str,
+    args: Sequence[str] = (),
+    *,
+    check: bool = True,
+    launcher: Sequence[str] = (sys.executable,),
+    timeout: float = 300,
+    **options,
+) -> subprocess.CompletedProcess:
+    """`python <script> <args>` from the repository root, as a user types it, its output
+    captured as text. With `check`, a non-zero exit fails the test with the end of stderr."""
+    result = subprocess.run(
+        [*launcher, str(ROOT / script), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **options,
+    )
+    if check and result.returncode != 0:
+        pytest.fail(
+            f"{script} {' '.join(args)} exited with {result.returncode}:\n{result.stderr[-3000:]}"
+        )
+    return result
+
+
+def run_train(
+    args: Sequence[str], run_dir: Path | None = None, **options
+) -> subprocess.CompletedProcess:
+    """`python train.py <args>` in its own process (plain `ddp` re-executes the command line,
+    which must be train.py's, not pytest's), with `hydra.run.dir=<run_dir>` unless `run_dir` is
+    None. Its own session, so that a callback that kills its process group stops the run's
+    ranks and never pytest. `options` as for `run_script`."""
+    pinned = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]
+    return run_script("train.py", [*args, *pinned], start_new_session=True, **options)
+
+
+def quiet_trainer(**options) -> Trainer:
+    """A CPU Trainer that writes and prints nothing of its own: no logger, checkpoints,
+    progress bar or model summary, unless `options` turn them back on."""
+    quiet = dict(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    return Trainer(**(quiet | options))
+
+
+# -- Qwen-style models and tensors --------------------------------------------------------------
+
+
+def tiny_config(model_type: str, **overrides) -> QwenConfig:
+    """4 layers (hybrid: 3 Gated DeltaNet + 1 attention), heads * head_dim != hidden_size."""
+    values = dict(
+        model_type=model_type, vocab_size=97, hidden_size=48, intermediate_size=80,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+        linear_value_head_dim=12, linear_chunk_size=16, tie_word_embeddings=False,
+    )  # fmt: skip
+    if model_type == "qwen3_next":
+        values["partial_rotary_factor"] = 0.5
+    return QwenConfig(**{**values, **overrides})
+
+
+def perturbed_model(config: QwenConfig, seed: int = 0) -> QwenLM:
+    """A model whose norms, gates and decay rates are all away from their initial values, so that
+    a mix-up between, say, w and 1 + w, or two heads, cannot hide."""
+    torch.manual_seed(seed)
+    model = QwenLM(config)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.ndim == 1:
+                parameter.add_(0.3 * torch.randn_like(parameter))
+    return model
+
+
+def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a - b).abs().max().item()
+
+
+def assert_same_tensors(expected, actual, where=""):
+    """Nested dicts, lists and tuples of tensors (a state dict, optimizer states) are bitwise
+    equal; `where` names the first entry that differs."""
+    if isinstance(expected, torch.Tensor):
+        assert torch.equal(expected, actual), f"{where} differs"
+    elif isinstance(expected, dict):
+        assert expected.keys() == actual.keys(), where
+        for key in expected:
+            assert_same_tensors(expected[key], actual[key], f"{where}.{key}")
+    elif isinstance(expected, list | tuple):
+        for index, (e, a) in enumerate(zip(expected, actual, strict=True)):
+            assert_same_tensors(e, a, f"{where}[{index}]")
+    else:
+        assert expected == actual, f"{where}: {expected} != {actual}"

@@ -13,7 +13,7 @@ import torch
 from src.checkpoints import io as checkpoint_io
 from src.checkpoints.io import load_checkpoint, save_atomically
 from src.utils.errors import CheckpointError
-from tests.helpers import ROOT
+from tests.helpers import ROOT, run_script
 
 
 class Payload:
@@ -44,19 +44,8 @@ def test_a_pickled_payload_is_refused_and_never_runs(malicious_checkpoint):
 @pytest.mark.parametrize("script", ["train.py", "eval.py"])
 def test_the_entry_points_refuse_a_malicious_checkpoint(tmp_path, malicious_checkpoint, script):
     path, marker = malicious_checkpoint
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / script),
-            f"ckpt_path={path}",
-            f"hydra.run.dir={tmp_path / 'run'}",
-            "trainer.max_epochs=1",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    overrides = [f"ckpt_path={path}", f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1"]
+    result = run_script(script, overrides, check=False)
     assert result.returncode != 0
     assert "Refusing to load" in result.stderr and "Traceback" not in result.stderr
     assert not marker.exists()

@@ -2,36 +2,14 @@
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.helpers import ROOT
-
-QUICK = [
-    "trainer.max_epochs=1",
-    "trainer.enable_progress_bar=false",
-    "callbacks.model_summary=null",
-    "callbacks.rich_progress_bar=null",
-]
-
-
-def run(script: str, *overrides: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, str(ROOT / script), *overrides],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
-    if check and result.returncode != 0:
-        pytest.fail(f"{script} {' '.join(overrides)} failed:\n{result.stderr[-3000:]}")
-    return result
+from tests.helpers import FAST, ROOT, run_script, run_train
 
 
 def test_multirun_runs_each_job_in_its_own_dir_and_summarises_the_sweep(tmp_path):
-    run("train.py", "-m", "model=simplenet,cnn", f"hydra.sweep.dir={tmp_path}", *QUICK)
+    run_train(["-m", "model=simplenet,cnn", f"hydra.sweep.dir={tmp_path}", *FAST])
     for job in ("0", "1"):
         record = json.loads((tmp_path / job / "metrics.json").read_text())
         assert "test/acc" in record["metrics"]
@@ -43,13 +21,14 @@ def test_multirun_runs_each_job_in_its_own_dir_and_summarises_the_sweep(tmp_path
 
 @pytest.mark.slow
 def test_a_job_with_bad_input_fails_alone_and_the_sweep_goes_on(tmp_path):
-    result = run(
-        "train.py",
-        "-m",
-        "data.val_fraction=1.5,0.2",  # the first jobs fail
-        "model=simplenet,cnn",
-        f"hydra.sweep.dir={tmp_path}",
-        *QUICK,
+    result = run_train(
+        [
+            "-m",
+            "data.val_fraction=1.5,0.2",  # the first jobs fail
+            "model=simplenet,cnn",
+            f"hydra.sweep.dir={tmp_path}",
+            *FAST,
+        ],
         check=False,
     )
     assert result.returncode != 0
@@ -59,32 +38,33 @@ def test_a_job_with_bad_input_fails_alone_and_the_sweep_goes_on(tmp_path):
 
 
 def test_train_then_eval_from_the_command_line(tmp_path):
-    run("train.py", "model=cnn", f"hydra.run.dir={tmp_path / 'train'}", *QUICK)
+    run_train(["model=cnn", *FAST], tmp_path / "train")
     trained = json.loads((tmp_path / "train" / "metrics.json").read_text())
-    run("eval.py", f"ckpt_path={trained['best_model_path']}", f"hydra.run.dir={tmp_path / 'eval'}")
+    run_script(
+        "eval.py", [f"ckpt_path={trained['best_model_path']}", f"hydra.run.dir={tmp_path / 'eval'}"]
+    )
     evaluated = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert evaluated["metrics"]["test/acc"] == pytest.approx(trained["metrics"]["test/acc"])
 
 
 def test_unknown_model_lists_the_available_ones():
-    result = run("train.py", "model=resnet9000", check=False)
+    result = run_train(["model=resnet9000"], check=False)
     assert result.returncode != 0
     assert "Could not find 'model/resnet9000'" in result.stderr
     assert "cnn" in result.stderr and "simplenet" in result.stderr
 
 
 def test_wrongly_typed_value_names_the_key_and_the_expected_type_without_a_traceback():
-    result = run("train.py", "trainer.max_epochs=ten", check=False)
+    result = run_train(["trainer.max_epochs=ten"], check=False)
     assert result.returncode != 0
     assert "trainer.max_epochs='ten'" in result.stderr and "expects int" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_eval_with_a_missing_checkpoint_says_what_to_pass(tmp_path):
-    result = run(
+    result = run_script(
         "eval.py",
-        f"ckpt_path={tmp_path / 'missing.ckpt'}",
-        f"hydra.run.dir={tmp_path}",
+        [f"ckpt_path={tmp_path / 'missing.ckpt'}", f"hydra.run.dir={tmp_path}"],
         check=False,
     )
     assert result.returncode != 0

@@ -4,11 +4,11 @@ import json
 import logging
 
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, TensorDataset
 
 from src.callbacks.compile import Compile
-from tests.helpers import FAST, compose_config
+from tests.helpers import FAST, compose_config, quiet_trainer
 from train import train
 
 
@@ -22,9 +22,13 @@ def test_compiled_run_keeps_plain_checkpoint_keys_and_reports_compile_figures(tm
     )
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
     assert "net.fc1.weight" in state and not any("_orig_mod" in key for key in state)
-    metrics = json.loads((tmp_path / "metrics.json").read_text())["metrics"]
-    assert metrics["perf/compile_time_s"] >= 0
-    assert metrics["perf/recompiles"] >= 0
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = record["metrics"]
+    # Tracing makes the first step the slowest, by less than the whole run took.
+    assert 0 < metrics["perf/compile_time_s"] < record["wall_time_s"]
+    # Validation runs under no_grad, training with grad: the grad-mode guard fails at least once.
+    recompiles = metrics["perf/recompiles"]
+    assert recompiles >= 1 and recompiles == int(recompiles), recompiles
 
 
 def test_callbacks_compile_keeps_the_default_callbacks(tmp_path):
@@ -48,18 +52,10 @@ class ShapeShifter(LightningModule):
 
 def test_a_recompilation_storm_is_reported_with_its_reason(caplog):
     callback = Compile(backend="eager", dynamic=False, max_recompiles=2)
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=5,
-        callbacks=[callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_steps=5, callbacks=[callback])
     loader = DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=8)
     with caplog.at_level(logging.WARNING, logger="src.callbacks.compile"):
         trainer.fit(ShapeShifter(), loader)
-    assert len(callback.recorder.reasons) >= 3
+    assert len(callback.recorder.reasons) == 4  # batch sizes 2, 3, 4 and 5 are new shapes
     storm = [r.getMessage() for r in caplog.records if "Recompilation storm" in r.getMessage()]
     assert storm and "size mismatch" in storm[0]

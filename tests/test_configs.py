@@ -3,6 +3,8 @@
 import hydra
 import pytest
 import torch
+from lightning.pytorch import Callback
+from lightning.pytorch.loggers import Logger
 
 from src.run.config_checks import check_config_types
 from src.run.instantiate import instantiate_group
@@ -39,14 +41,27 @@ def group_options():
 def test_every_group_option_composes_and_type_checks(tmp_path, option):
     cfg = compose_config(tmp_path, [option, *REQUIRED.get(option, [])])
     check_config_types(cfg)
-    for callback in instantiate_group(cfg.get("callbacks")):
-        assert hasattr(callback, "on_fit_start")
-    for logger in instantiate_group(cfg.get("logger")):
-        assert hasattr(logger, "log_metrics")
+    for group, base in (("callbacks", Callback), ("logger", Logger)):
+        assert_builds_what_it_names(cfg.get(group), base)
     image_model = "input_shape" in cfg.data and "net" in cfg.model
     if option.split("=")[0] in ("model", "optimizer", "scheduler", "experiment") and image_model:
         model = hydra.utils.instantiate(cfg.model)
         assert model(torch.zeros(2, *cfg.data.input_shape)).shape == (2, cfg.data.num_classes)
+
+
+def assert_builds_what_it_names(group, base: type) -> None:
+    """Each enabled entry of a callbacks or logger group builds one object of the class its
+    `_target_` names, a Lightning `base` the Trainer accepts."""
+    entries = {
+        name: entry for name, entry in (group or {}).items() if entry and "_target_" in entry
+    }
+    built = instantiate_group(group)
+    assert len(built) == len(entries), f"{len(built)} built from {list(entries)}"
+    for (name, entry), instance in zip(entries.items(), built, strict=True):
+        assert isinstance(instance, hydra.utils.get_class(entry._target_)), name
+        assert isinstance(instance, base), (
+            f"{name}: {type(instance).__name__} is not a {base.__name__}"
+        )
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from src.data.digits import DigitsDataModule
 from src.data.imagefolder import ImageFolderDataModule
 from src.data.mnist import MNISTDataModule
 from src.data.tensors import TensorDataModule
-from tests.helpers import write_image_folder, write_mnist
+from tests.helpers import learnable_images, write_image_folder, write_mnist
 
 
 class CountingTransform:
@@ -78,7 +78,8 @@ def test_mnist_reads_plain_and_gzipped_idx_files_without_network(tmp_path):
         dm.setup()
         assert split_sizes(dm) == {"train": 80, "val": 20, "test": 40}
         image, label = dm.datasets["test"][0]
-        assert image.shape == (1, 28, 28) and 0 <= int(label) < 10
+        _, written_labels = learnable_images(40, 28, 10, seed=1)  # write_mnist's test labels
+        assert image.shape == (1, 28, 28) and int(label) == written_labels[0]
 
 
 def test_mnist_without_files_says_where_to_put_them(tmp_path):
@@ -126,8 +127,11 @@ def test_image_folder_splits_a_flat_folder_of_classes(image_folder):
     )
     dm.setup()
     assert sum(split_sizes(dm).values()) == 36
-    image, label = dm.datasets["train"][0]
-    assert image.shape == (3, 16, 16) and label in (0, 1, 2)
+    # Class folders in sorted order, and the folder of class i brightens colour channel i.
+    for image, label in dm.datasets["train"]:
+        assert image.shape == (3, 16, 16)
+        brightest = int(image.mean(dim=(1, 2)).argmax())
+        assert label == brightest, f"label {label} on an image brightest in channel {brightest}"
 
 
 def test_image_folder_uses_train_and_val_folders_and_checks_their_classes(tmp_path):

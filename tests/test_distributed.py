@@ -25,8 +25,14 @@ from src.models.parallel import shard_decoder_layers
 from src.run.config_checks import check_config_types
 from src.run.trainer import build_trainer, check_launch
 from src.utils.errors import ConfigError
-from tests.helpers import FAST, ROOT, compose_config, free_port
-from tests.test_resume import assert_same_tensors
+from tests.helpers import (
+    FAST,
+    ROOT,
+    assert_same_tensors,
+    compose_config,
+    free_port,
+    run_train,
+)
 from train import train
 
 # SimpleNet has no dropout, so one process and two see the same computation.
@@ -43,7 +49,7 @@ LM_RUN = [
     *FAST,
     *LM_MODEL,
     "data.max_seq_len=64",
-    "model.warmup_steps=2",
+    "scheduler.scheduler.warmup_steps=2",
     "trainer.max_steps=8",
     "trainer.num_sanity_val_steps=0",
     "logger=csv",
@@ -51,26 +57,9 @@ LM_RUN = [
 ]
 
 
-def run_train(run_dir, overrides, check=True, launcher=(sys.executable,)):
-    """train.py in its own process: plain `ddp` re-executes the command line, which must be
-    train.py's, not pytest's. `run_dir=None` leaves the run directory to the config."""
-    pinned = [] if run_dir is None else [f"hydra.run.dir={run_dir}"]
-    process = subprocess.run(
-        [*launcher, str(ROOT / "train.py"), *overrides, *pinned],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,
-    )
-    if check:
-        assert process.returncode == 0, process.stderr[-3000:]
-    return process
-
-
 def run_ddp(run_dir, *overrides, check=True):
     return run_train(
-        run_dir, [*COMMON, "trainer=ddp_cpu", "data.batch_size=32", *overrides], check=check
+        [*COMMON, "trainer=ddp_cpu", "data.batch_size=32", *overrides], run_dir, check=check
     )
 
 
@@ -83,7 +72,7 @@ def one_and_two_processes(tmp_path, overrides, one, two):
     """Final weights of train.py run in this process with `one` added to `overrides`, and in
     two processes with `two` added."""
     train(compose_config(tmp_path / "one", [*overrides, *one]))
-    run_train(tmp_path / "two", [*overrides, *two, "trainer.devices=2"])
+    run_train([*overrides, *two, "trainer.devices=2"], tmp_path / "two")
     return final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
 
 
@@ -103,20 +92,8 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
 
 
 def test_a_multirun_with_ddp_is_refused_with_the_way_out(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            "-m",
-            "trainer=ddp_cpu",
-            "seed=1,2",
-            f"hydra.sweep.dir={tmp_path}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        start_new_session=True,
+    result = run_train(
+        ["-m", "trainer=ddp_cpu", "seed=1,2", f"hydra.sweep.dir={tmp_path}"], check=False
     )
     assert result.returncode != 0
     assert "cannot use trainer.strategy=ddp" in result.stderr and "Traceback" not in result.stderr
@@ -190,24 +167,26 @@ class CountCollectives(Callback):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("run", "per_step"),
+    ("run", "steps", "per_step"),
     [
-        ([*COMMON, "+trainer.limit_train_batches=6"], {}),
+        ([*COMMON, "+trainer.limit_train_batches=6"], 2 * 6, {}),  # two epochs of 6 batches
         # The step's token mean needs the token and loss sums of every rank: one all-reduce.
-        ([*LM_RUN, "trainer.precision=32-true"], {"all_reduce": 1}),
+        ([*LM_RUN, "trainer.precision=32-true"], 8, {"all_reduce": 1}),  # trainer.max_steps
     ],
     ids=["classifier", "lm"],
 )
-def test_training_steps_call_no_collective_beyond_what_the_loss_needs(tmp_path, run, per_step):
+def test_training_steps_call_no_collective_beyond_what_the_loss_needs(
+    tmp_path, run, steps, per_step
+):
     counter = [
         "+callbacks.count._target_=tests.test_distributed.CountCollectives",
         f"+callbacks.count.path={tmp_path / 'collectives'}",
     ]
-    run_train(tmp_path / "run", [*run, "trainer=ddp_cpu", *counter])
+    run_train([*run, "trainer=ddp_cpu", *counter], tmp_path / "run")
     for rank in (0, 1):
         record = json.loads((tmp_path / f"collectives.{rank}.json").read_text())
-        assert record["steps"] > 0
-        assert record["counts"] == {name: n * record["steps"] for name, n in per_step.items()}
+        assert record["steps"] == steps, f"rank {rank} counted {record['steps']} steps"
+        assert record["counts"] == {name: n * steps for name, n in per_step.items()}
 
 
 UNPINNED_DDP = [*COMMON, "trainer=ddp_cpu", "data.batch_size=32"]
@@ -229,7 +208,7 @@ def test_torchrun_ranks_share_one_run_directory_that_nobody_pinned(tmp_path):
     if not torchrun.exists():
         pytest.skip("torchrun not found in .venv")
     launcher = (str(torchrun), "--nproc_per_node=2")
-    run_train(None, [*UNPINNED_DDP, f"paths.log_dir={tmp_path}"], launcher=launcher)
+    run_train([*UNPINNED_DDP, f"paths.log_dir={tmp_path}"], launcher=launcher)
     the_one_run_directory(tmp_path)
 
 
@@ -431,24 +410,8 @@ def test_two_fsdp2_processes_train_the_lm_like_one_with_the_same_global_batch(tm
 def test_a_multirun_with_ddp_spawn_runs_every_job_and_summarises_the_sweep(tmp_path):
     """The combination that works locally: ddp_spawn starts its ranks with multiprocessing
     inside each job instead of re-running the command line."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            "-m",
-            "trainer=ddp_cpu",
-            "trainer.strategy=ddp_spawn",
-            "seed=1,2",
-            *FAST,
-            f"hydra.sweep.dir={tmp_path}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        start_new_session=True,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    multirun = ["-m", "trainer=ddp_cpu", "trainer.strategy=ddp_spawn", "seed=1,2", *FAST]
+    run_train([*multirun, f"hydra.sweep.dir={tmp_path}"], timeout=600)
     for job in ("0", "1"):
         assert "test/acc" in json.loads((tmp_path / job / "metrics.json").read_text())["metrics"]
     assert (tmp_path / "summary.md").read_text().count("| ok |") == 2

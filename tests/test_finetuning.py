@@ -1,8 +1,6 @@
 """Freezing layers, exporting weights and starting new runs from them."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -13,9 +11,9 @@ from src.models.cnn import CNN
 from src.utils.errors import CheckpointError
 from tests.helpers import (
     FAST,
-    ROOT,
     TINY_LM,
     compose_config,
+    run_script,
     shakespeare_excerpt,
     text_lm_overrides,
 )
@@ -101,19 +99,7 @@ def test_export_then_pretrained_gives_the_same_predictions(tmp_path, trained_cnn
     run_dir, record = trained_cnn
     best = record["best_model_path"]
     out = tmp_path / "export"
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "export.py"),
-            f"ckpt_path={best}",
-            f"format={fmt}",
-            f"hydra.run.dir={out}",
-        ],
-        cwd=ROOT,
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    run_script("scripts/export.py", [f"ckpt_path={best}", f"format={fmt}", f"hydra.run.dir={out}"])
     assert (out / "config.yaml").read_text().count("src.models.cnn.CNN") == 1
     exported = read_weights(out / filename)
     assert set(exported) == {

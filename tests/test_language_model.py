@@ -1,18 +1,23 @@
-"""Training the Qwen LM: byte data, loss normalisation, train.py, checkpoints, generation."""
+"""Training the Qwen LM: byte data, loss normalisation, optimizer and schedule, train.py,
+checkpoints, generation."""
 
 import csv
 import math
+from functools import partial
 
+import hydra
 import pytest
 import torch
 import torch.nn.functional as F
 from lightning.pytorch import Trainer
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
 from eval import evaluate
 from scripts.generate import main as generate_main
 from src.data.byte_text import ByteTextDataModule, ByteTokenizer
-from src.models.language_model import LanguageModel, warmup_cosine
-from tests.helpers import FAST, ROOT, compose_config
+from src.models.language_model import LanguageModel
+from src.models.optimization import warmup_cosine
+from tests.helpers import FAST, ROOT, TINY_LM, compose_config
 from train import train
 
 SHAKESPEARE = ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt"
@@ -22,7 +27,7 @@ SMALL = [
     "model.config.hidden_size=64",
     "model.config.intermediate_size=128",
     "model.config.head_dim=16",
-    "model.warmup_steps=5",
+    "scheduler.scheduler.warmup_steps=5",
     "data.seq_len=64",
     "data.batch_size=8",
     "logger=csv",
@@ -114,7 +119,7 @@ def test_the_step_loss_is_the_mean_over_every_supervised_token_of_the_step(tmp_p
         num_attention_heads=2, num_key_value_heads=1, head_dim=8,
     )  # fmt: skip
     torch.manual_seed(0)
-    module = RecordsGradients(config, lr=0.0, warmup_steps=0)
+    module = RecordsGradients(config, optimizer=partial(torch.optim.SGD, lr=0.0))
     batches = []
     for supervised in (10, 3):
         ids = torch.randint(0, 32, (1, 12))
@@ -150,6 +155,131 @@ def test_the_learning_rate_warms_up_linearly_then_follows_a_cosine():
     assert schedule(9) == pytest.approx(1.0)
     assert schedule(60) == pytest.approx(0.55)
     assert schedule(110) == pytest.approx(0.1) == schedule(500)
+
+
+def lm_optimization(tmp_path, overrides: list[str], total_steps: float = 600.0):
+    """The module `train.py <overrides>` would train (tiny widths) and what its
+    `configure_optimizers` returns, with the run's total steps fixed at `total_steps`."""
+    cfg = compose_config(tmp_path, [*overrides, *TINY_LM[1:]])
+    module = hydra.utils.instantiate(cfg.model)
+    module.total_steps = lambda: total_steps  # what the Trainer would report for max_steps
+    return cfg, module, module.configure_optimizers()
+
+
+@pytest.mark.parametrize(
+    ("model", "lr", "warmup"),
+    [("qwen3_tiny", 2e-3, 50), ("qwen3_next_tiny", 2e-3, 50), ("qwen3_0_6b", 3e-4, 2000)],
+)
+def test_each_qwen_config_chooses_adamw_and_warmup_cosine_with_its_own_values(
+    tmp_path, model, lr, warmup
+):
+    cfg = compose_config(tmp_path, [f"model={model}"])
+    assert dict(cfg.model.optimizer) == {
+        "_target_": "torch.optim.AdamW",
+        "_partial_": True,
+        "lr": lr,
+        "weight_decay": 0.1,
+        "betas": [0.9, 0.95],
+    }, f"{model}: optimizer {cfg.model.optimizer}"
+    schedule = cfg.model.scheduler
+    assert schedule.scheduler._target_ == "src.models.optimization.warmup_cosine_schedule"
+    assert (schedule.scheduler.warmup_steps, schedule.scheduler.min_lr_ratio) == (warmup, 0.1)
+    assert schedule.interval == "step", f"{model}: the schedule steps per {schedule.interval}"
+    assert not {"lr", "weight_decay", "betas", "warmup_steps", "min_lr_ratio"} & cfg.model.keys()
+
+
+def test_the_lm_trains_with_the_same_adamw_and_schedule_as_before_the_optimizer_groups(tmp_path):
+    """The optimizer the LM built itself before it took the `optimizer` and `scheduler` groups:
+    AdamW(lr 2e-3, betas (0.9, 0.95)), decay 0.1 on matrices, 0 on vectors, in parameter
+    order; linear warmup over 50 steps, then a cosine to 0.1 x lr at the last step (600)."""
+    _, module, configured = lm_optimization(tmp_path, ["experiment=lm_text"])
+    optimizer, lr_scheduler = configured["optimizer"], configured["lr_scheduler"]
+    assert type(optimizer) is torch.optim.AdamW and lr_scheduler["interval"] == "step"
+
+    def factor(step):
+        if step < 50:
+            return (step + 1) / 50
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - 50) / 550)))
+
+    params = [p for p in module.parameters() if p.requires_grad]
+    before = torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=2e-3,
+        betas=(0.9, 0.95),
+    )
+    before_schedule = torch.optim.lr_scheduler.LambdaLR(before, factor)
+    assert optimizer.state_dict()["param_groups"] == before.state_dict()["param_groups"]
+    for group, old in zip(optimizer.param_groups, before.param_groups, strict=True):
+        assert [id(p) for p in group["params"]] == [id(p) for p in old["params"]]
+
+    lrs, expected = {}, {}
+    for step in range(701):
+        lrs[step] = [group["lr"] for group in optimizer.param_groups]
+        expected[step] = [group["lr"] for group in before.param_groups]
+        for each in (optimizer, before):
+            each.step()  # no gradients: the weights stay
+        lr_scheduler["scheduler"].step()
+        before_schedule.step()
+    assert lrs == expected, "the learning rates differ from the warmup-cosine formula"
+    for step, lr in [(0, 4e-5), (49, 2e-3), (50, 2e-3), (325, 1.1e-3), (600, 2e-4), (700, 2e-4)]:
+        assert lrs[step] == pytest.approx([lr, lr], rel=1e-12), f"lr at step {step}"
+    optimizer.load_state_dict(before.state_dict())  # a checkpoint from before resumes here
+
+
+def test_weight_decay_follows_the_parameter_names_recorded_before_any_wrapping(tmp_path):
+    """FSDP flattens parameters to 1-D views and wrappers rename them (here activation
+    checkpointing, as trainer=fsdp offers): matrices must still decay and vectors must not."""
+    cfg = compose_config(tmp_path, ["model=qwen3_next_tiny", *TINY_LM[1:]])
+    module = hydra.utils.instantiate(cfg.model)
+    matrices = {name for name, p in module.named_parameters() if p.ndim >= 2}
+    vectors = {name for name, p in module.named_parameters() if p.ndim < 2}
+    assert "net.model.norm.weight" in vectors and "net.model.embed_tokens.weight" in matrices
+    assert any("A_log" in name for name in vectors), "the DeltaNet gates are vectors"
+    layers = module.net.model.layers
+    for index, layer in enumerate(layers):
+        layers[index] = checkpoint_wrapper(layer)
+    for parameter in module.parameters():
+        parameter.data = parameter.data.reshape(-1)
+    wrapped = {p: name for name, p in module.named_parameters()}
+    assert any("_checkpoint_wrapped_module" in name for name in wrapped.values())
+
+    decay, no_decay = module.param_groups()
+    assert no_decay["weight_decay"] == 0.0 and "weight_decay" not in decay
+    unwrap = {name.replace("_checkpoint_wrapped_module.", "") for name in wrapped.values()}
+    assert unwrap == matrices | vectors
+    decayed = {wrapped[p].replace("_checkpoint_wrapped_module.", "") for p in decay["params"]}
+    exempt = {wrapped[p].replace("_checkpoint_wrapped_module.", "") for p in no_decay["params"]}
+    assert decayed == matrices, f"decayed but not matrices: {decayed ^ matrices}"
+    assert exempt == vectors, f"exempt but not vectors: {exempt ^ vectors}"
+
+
+def test_optimizer_sgd_trains_the_lm_with_sgd(tmp_path):
+    _, module, configured = lm_optimization(tmp_path, ["experiment=lm_text", "optimizer=sgd"])
+    optimizer = configured["optimizer"]
+    assert type(optimizer) is torch.optim.SGD, f"optimizer=sgd built {type(optimizer).__name__}"
+    group = optimizer.param_groups[0]
+    assert (group["momentum"], group["nesterov"]) == (0.9, True)
+    lr = group["lr"]
+    assert lr == pytest.approx(0.01 / 50), "SGD's lr 0.01 at the first step of the warmup"
+    torch.manual_seed(0)
+    ids = torch.randint(0, 320, (2, 16))
+    F.cross_entropy(module(ids).flatten(0, 1), ids.roll(-1, 1).flatten()).backward()
+    before = {name: p.detach().clone() for name, p in module.named_parameters()}
+    optimizer.step()
+    for name, p in module.named_parameters():
+        # SGD's first step with Nesterov momentum 0.9 and no weight decay: lr x 1.9 x gradient.
+        expected = before[name] - lr * 1.9 * p.grad
+        assert torch.allclose(p.detach(), expected, rtol=0, atol=1e-7), f"{name} moved unlike SGD"
+
+
+@pytest.mark.parametrize("no_schedule", ["scheduler=none", "~scheduler"])
+def test_without_a_scheduler_the_lm_keeps_a_constant_learning_rate(tmp_path, no_schedule):
+    _, _, configured = lm_optimization(tmp_path, ["experiment=lm_text", no_schedule])
+    assert isinstance(configured, torch.optim.AdamW), f"{no_schedule} returned {configured}"
+    assert [group["lr"] for group in configured.param_groups] == [2e-3, 2e-3]
 
 
 def test_byte_rows_are_shifted_pairs_and_the_splits_never_overlap():

@@ -49,13 +49,16 @@ def test_a_composed_config_scales_the_optimizer_lr_and_hides_the_keys_from_it(tm
     assert math.isclose(optimizer.param_groups[0]["lr"], 0.06)
 
 
-def test_a_model_with_its_own_lr_gets_it_scaled(tmp_path):
+def test_the_language_model_lr_is_scaled_in_the_optimizer_config_like_any_other(tmp_path):
     cfg = compose_config(
         tmp_path, ["experiment=lm_shakespeare", "+optimizer.scale_lr=sqrt", SCALING[1]]
     )
-    apply_lr_scaling(cfg)  # lm_shakespeare: batch 16 on one device, model.lr 2e-3
-    assert math.isclose(cfg.model.lr, 2e-3 * math.sqrt(16 / 64))
-    assert cfg.optimizer.lr == 1e-3 and "scale_lr" not in cfg.optimizer
+    apply_lr_scaling(cfg)  # lm_shakespeare: batch 16 on one device, optimizer=adamw_lm at 2e-3
+    scaled = 2e-3 * math.sqrt(16 / 64)
+    assert math.isclose(cfg.optimizer.lr, scaled) and "scale_lr" not in cfg.optimizer
+    assert "lr" not in cfg.model, "the LM has no learning rate of its own"
+    configured = hydra.utils.instantiate(cfg.model).configure_optimizers()
+    assert configured["lr_scheduler"]["scheduler"].base_lrs == pytest.approx([scaled, scaled])
 
 
 def test_without_scale_lr_nothing_changes(tmp_path):

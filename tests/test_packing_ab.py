@@ -29,7 +29,7 @@ def validation_loss(run_dir, corpus, seed: int, packing: bool, batch_size: int) 
         "model.config.hidden_size=64",
         "model.config.intermediate_size=128",
         "model.config.head_dim=16",
-        "model.warmup_steps=5",
+        "scheduler.scheduler.warmup_steps=5",
         *text_lm_overrides(corpus),
         "data.max_seq_len=128",
         f"data.cache_dir={run_dir.parent / 'cache'}",

@@ -1,15 +1,15 @@
 """The proofs that packing keeps training semantics, on the dense and the hybrid Qwen-style LM:
-packed rows give the logits, loss and gradients of each document trained on alone."""
+packed rows give the logits, loss and gradients of each document trained on alone. The one
+place for them: each guarantee is proved once, here."""
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
 
-from scripts.check_packing import TOLERANCES
 from scripts.check_packing import main as check_packing_main
 from src.data.collate import collate_rows
 from src.data.packing_checks import (
     DEFAULT_LENGTHS,
+    TOLERANCES,
     batches,
     leak_canary,
     logits_of,
@@ -19,8 +19,7 @@ from src.data.packing_checks import (
 from src.data.text import TextDataModule
 from src.models.language_model import LanguageModel
 from src.models.qwen import QwenLM
-from tests.helpers import shakespeare_excerpt
-from tests.test_qwen_model import perturbed_model, tiny_config
+from tests.helpers import perturbed_model, quiet_trainer, shakespeare_excerpt, tiny_config
 
 ROW_LENGTH = 64  # four DeltaNet chunks of 16: documents start and end inside chunks
 
@@ -32,26 +31,30 @@ def checks(request):
     return run_checks(model, random_documents(97, DEFAULT_LENGTHS), ROW_LENGTH)
 
 
+def assert_within_tolerance(checks, *names):
+    for name in names:
+        assert checks[name] <= TOLERANCES[name], f"{name}: {checks[name]:.3e}"
+
+
 def test_packed_logits_equal_each_document_alone(checks):
-    assert checks["logits_vs_alone"] < 1e-5
+    assert_within_tolerance(checks, "logits_vs_alone")
 
 
 def test_packed_logits_equal_the_padded_batch(checks):
-    assert checks["logits_vs_padded"] < 1e-5
+    assert_within_tolerance(checks, "logits_vs_padded")
 
 
 def test_packed_and_padded_batches_give_the_same_loss_and_gradients(checks):
-    assert checks["loss_vs_padded"] < 1e-5
-    assert checks["grads_vs_padded"] < 1e-4
-    assert checks["grads_worst_parameter"] < 1e-3  # no layer is singled out
+    # grads_worst_parameter: no layer is singled out by the overall relative error.
+    assert_within_tolerance(checks, "loss_vs_padded", "grads_vs_padded", "grads_worst_parameter")
 
 
 def test_different_packings_give_the_same_step_loss(checks):
-    assert checks["loss_across_packings"] < 1e-5
+    assert_within_tolerance(checks, "loss_across_packings")
 
 
 def test_changing_one_document_changes_no_other_document_at_all(checks):
-    assert checks["leak_canary"] == 0.0
+    assert checks["leak_canary"] == 0.0, "not even a rounding difference is allowed"
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen3_next"])
@@ -84,6 +87,12 @@ def test_a_split_document_sees_its_own_positions():
         assert (logits_of(model, restarted)[0] - shifted).abs().max() < 1e-4
 
 
+def printed_verdicts(printed: str) -> dict[str, str]:
+    """Check name -> verdict ("ok" or "FAILED"), from the table check_packing.py prints."""
+    rows = [line.split() for line in printed.splitlines()]
+    return {row[0]: row[-1] for row in rows if row and row[0] in TOLERANCES}
+
+
 def test_check_packing_reports_every_check_for_a_model_config(capsys):
     results = check_packing_main(
         ["model=qwen3_next_tiny", "model.config.hidden_size=32", "--row-length", "48",
@@ -91,8 +100,7 @@ def test_check_packing_reports_every_check_for_a_model_config(capsys):
     )  # fmt: skip
     printed = capsys.readouterr().out
     assert set(results) == set(TOLERANCES)
-    for name in TOLERANCES:
-        assert f"{name} " in printed
+    assert printed_verdicts(printed) == dict.fromkeys(TOLERANCES, "ok"), printed
     assert "packing is safe for this model" in printed
 
 
@@ -106,8 +114,8 @@ def test_check_packing_fails_a_model_that_leaks(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_info:
         check_packing_main(["model=qwen3_tiny", "model.config.hidden_size=32"])
     assert exit_info.value.code == 1
-    verdicts = {line.split()[0]: line.split()[-1] for line in capsys.readouterr().out.splitlines()}
-    assert verdicts["leak_canary"] == verdicts["logits_vs_alone"] == "FAILED"
+    verdicts = printed_verdicts(capsys.readouterr().out)
+    assert verdicts["leak_canary"] == verdicts["logits_vs_alone"] == "FAILED", verdicts
 
 
 def test_validation_loss_is_the_same_packed_and_padded(tmp_path):
@@ -119,7 +127,6 @@ def test_validation_loss_is_the_same_packed_and_padded(tmp_path):
         )
         torch.manual_seed(0)
         model = LanguageModel(config=tiny_config("qwen3_next", vocab_size=320).to_dict())
-        trainer = Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
-        (metrics,) = trainer.validate(model, datamodule=data, verbose=False)
+        (metrics,) = quiet_trainer().validate(model, datamodule=data, verbose=False)
         losses[packing] = metrics["val/loss"]
     assert abs(losses[True] - losses[False]) < 1e-5 * losses[False]

@@ -41,13 +41,18 @@ def test_plots_are_written_as_non_empty_pngs(fitted):
         assert png[:4] == b"\x89PNG" and len(png) > 10_000, f"{name}: {len(png)} bytes"
 
 
-@pytest.mark.parametrize(
-    "key", ["train/loss_step", "train/loss", "train/acc", "val/loss", "val/acc", "val/acc_best"]
+# Values per run: per-epoch metrics once an epoch; the step loss every log_every_n_steps=10 of
+# the 20 steps of each digits epoch.
+LOGGED = {"train/loss_step": EPOCHS * 20 // 10} | dict.fromkeys(
+    ["train/loss", "train/acc", "val/loss", "val/acc", "val/acc_best"], EPOCHS
 )
-def test_curves_hold_every_logged_point(fitted, key):
+
+
+@pytest.mark.parametrize(("key", "count"), LOGGED.items())
+def test_curves_hold_every_logged_point(fitted, key, count):
     run_dir, history, _ = fitted
     logged = logged_values(run_dir, key)
-    assert len(logged) >= EPOCHS, f"{key}: only {len(logged)} values logged"
+    assert len(logged) == count, f"{key}: {len(logged)} values logged"
     assert [value for _, value in history[key]] == pytest.approx(logged)
     drawn = {
         line.get_label(): len(line.get_xdata())

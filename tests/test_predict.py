@@ -2,7 +2,7 @@
 
 import csv
 import subprocess
-import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,10 +12,10 @@ from sklearn.datasets import load_digits
 from torchvision.transforms import v2
 
 from predict import predict, report
-from src.checkpoints.restore import load_trained
+from src.checkpoints.restore import restore
 from src.data.imagefolder import ImageFolderDataModule
 from src.utils.errors import CheckpointError, DataError, MissingFileError
-from tests.helpers import FAST, ROOT, compose_config, small_image_folder_overrides
+from tests.helpers import FAST, compose_config, run_script, small_image_folder_overrides
 from train import train
 
 DIGITS = 12  # images written as PNG files
@@ -47,13 +47,7 @@ def predict_with(tmp_path, *overrides):
 
 
 def run_predict(tmp_path, *overrides) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(ROOT / "predict.py"), f"hydra.run.dir={tmp_path}", *overrides],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=120,
-    )
+    return run_script("predict.py", [f"hydra.run.dir={tmp_path}", *overrides], check=False)
 
 
 def test_top1_and_probabilities_match_the_model_on_the_same_tensors(
@@ -62,7 +56,8 @@ def test_top1_and_probabilities_match_the_model_on_the_same_tensors(
     folder, pixels = digit_pngs
     predictions = predict_with(tmp_path, f"ckpt_path={digits_ckpt}", f"input={folder}", "top_k=3")
 
-    model, datamodule = load_trained(digits_ckpt)
+    restored = restore(digits_ckpt)
+    model, datamodule = restored.model, restored.datamodule
     inputs = datamodule.transform(torch.from_numpy(pixels).unsqueeze(1).float() / 255)
     with torch.no_grad():
         expected = model(inputs).softmax(dim=1)
@@ -79,6 +74,12 @@ def test_top1_and_probabilities_match_the_model_on_the_same_tensors(
 
 def test_a_folder_from_the_command_line_writes_predictions_csv(tmp_path, digits_ckpt, digit_pngs):
     folder, _ = digit_pngs
+    expected = {
+        path.name: ranked
+        for path, ranked in predict_with(
+            tmp_path / "in_process", f"ckpt_path={digits_ckpt}", f"input={folder}", "top_k=2"
+        )
+    }
     result = run_predict(tmp_path, f"ckpt_path={digits_ckpt}", f"input={folder}", "top_k=2")
     assert result.returncode == 0, result.stderr[-2000:]
     csv_path = tmp_path / "predictions.csv"
@@ -89,7 +90,11 @@ def test_a_folder_from_the_command_line_writes_predictions_csv(tmp_path, digits_
     assert len(rows) == DIGITS
     for row in rows:
         assert f"{row['path']}: {row['label_1']} (" in result.stdout
-        assert 1.0 >= float(row["probability_1"]) >= float(row["probability_2"]) >= 0.0
+        (label_1, p_1), (label_2, p_2) = expected[Path(row["path"]).name]
+        assert (row["label_1"], row["label_2"]) == (label_1, label_2), row
+        assert float(row["probability_1"]) == pytest.approx(p_1, abs=1e-6)
+        assert float(row["probability_2"]) == pytest.approx(p_2, abs=1e-6)
+        assert p_1 >= p_2 and p_1 + p_2 <= 1 + 1e-6
 
 
 def test_one_file_prints_its_top_k_and_writes_no_csv(tmp_path, digits_ckpt, digit_pngs, capsys):

@@ -12,8 +12,7 @@ from src.models.language_model import LanguageModel
 from src.models.qwen import QwenConfig, QwenLM
 from src.models.qwen.hf_io import check_same_architecture, config_from_hf
 from src.utils.errors import CheckpointError, ConfigError
-from tests.helpers import ROOT
-from tests.test_qwen_model import perturbed_model, tiny_config
+from tests.helpers import ROOT, perturbed_model, tiny_config
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""QwenLM's own guarantees: exact chunking, packed documents kept apart, caches, counts, errors."""
+"""QwenLM's own guarantees: exact chunking, document starts in the recurrence, caches, counts,
+errors. That packed documents are kept apart is proved in tests/test_packing_equivalence.py."""
 
 import pytest
 import torch
@@ -8,38 +9,9 @@ from omegaconf import OmegaConf
 from src.models.qwen import QwenConfig, QwenLM
 from src.models.qwen.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from src.models.qwen.generation import Cache
-from tests.helpers import ROOT
+from tests.helpers import ROOT, max_difference, perturbed_model, tiny_config
 
 TOLERANCE = 1e-5
-
-
-def tiny_config(model_type: str, **overrides) -> QwenConfig:
-    """4 layers (hybrid: 3 Gated DeltaNet + 1 attention), heads * head_dim != hidden_size."""
-    values = dict(
-        model_type=model_type, vocab_size=97, hidden_size=48, intermediate_size=80,
-        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
-        linear_value_head_dim=12, linear_chunk_size=16, tie_word_embeddings=False,
-    )  # fmt: skip
-    if model_type == "qwen3_next":
-        values["partial_rotary_factor"] = 0.5
-    return QwenConfig(**{**values, **overrides})
-
-
-def perturbed_model(config: QwenConfig, seed: int = 0) -> QwenLM:
-    """A model whose norms, gates and decay rates are all away from their initial values, so that
-    a mix-up between, say, w and 1 + w, or two heads, cannot hide."""
-    torch.manual_seed(seed)
-    model = QwenLM(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.ndim == 1:
-                parameter.add_(0.3 * torch.randn_like(parameter))
-    return model
-
-
-def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item()
 
 
 def random_delta_rule_inputs(batch=2, length=75, key_heads=2, heads=4, key_dim=8, value_dim=6):
@@ -80,40 +52,6 @@ def test_a_document_start_resets_the_recurrent_state():
     packed, _ = chunk_gated_delta_rule(q, k, v, g, beta, starts, chunk_size=8)
     alone, _ = chunk_gated_delta_rule(*(t[:, 12:] for t in (q, k, v, g, beta)), chunk_size=8)
     assert max_difference(packed[:, 12:], alone) < TOLERANCE
-
-
-# Documents of row 0: 20, 1, 40, 19 tokens; row 1: 50, 30. A one-token document included.
-DOCUMENTS = [[20, 1, 40, 19], [50, 30]]
-CU_SEQLENS = torch.tensor([0, 20, 21, 61, 80, 130, 160], dtype=torch.int32)
-
-
-@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_next"])
-def test_packed_logits_match_each_document_alone(model_type):
-    model = perturbed_model(tiny_config(model_type))
-    ids = torch.randint(0, 97, (2, 80), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        packed = model(ids, cu_seqlens=CU_SEQLENS)
-        for row, lengths in enumerate(DOCUMENTS):
-            start = 0
-            for length in lengths:
-                alone = model(ids[row : row + 1, start : start + length])[0]
-                difference = max_difference(packed[row, start : start + length], alone)
-                assert difference < TOLERANCE, f"row {row}, document at {start}: {difference}"
-                start += length
-
-
-@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_next"])
-def test_changing_one_document_leaves_the_others_unchanged(model_type):
-    model = perturbed_model(tiny_config(model_type))
-    ids = torch.randint(0, 97, (2, 80), generator=torch.Generator().manual_seed(2))
-    changed = ids.clone()
-    changed[0, 21:61] = (changed[0, 21:61] + 1) % 97  # the third document of row 0
-    with torch.no_grad():
-        before, after = model(ids, cu_seqlens=CU_SEQLENS), model(changed, cu_seqlens=CU_SEQLENS)
-    untouched = torch.ones(2, 80, dtype=torch.bool)
-    untouched[0, 21:61] = False
-    assert torch.equal(before[untouched], after[untouched])  # not even a rounding difference
-    assert max_difference(before[0, 21:61], after[0, 21:61]) > 0.1
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen3_next"])

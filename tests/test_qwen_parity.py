@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from src.models.qwen import QwenLM
-from tests.test_qwen_model import max_difference, perturbed_model, tiny_config
+from tests.helpers import max_difference, perturbed_model, tiny_config
 
 transformers = pytest.importorskip("transformers")
 

@@ -2,13 +2,18 @@
 
 import json
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.helpers import FAST, ROOT, compose_config, shakespeare_excerpt, text_lm_overrides
+from tests.helpers import (
+    FAST,
+    assert_same_tensors,
+    compose_config,
+    run_train,
+    shakespeare_excerpt,
+    text_lm_overrides,
+)
 from train import train
 
 # Two epochs of 20 steps, a checkpoint after every step, bitwise-deterministic kernels, and
@@ -32,36 +37,13 @@ def final_state(run_dir):
     return checkpoint, logged
 
 
-def assert_same_tensors(expected, actual, where=""):
-    if isinstance(expected, torch.Tensor):
-        assert torch.equal(expected, actual), f"{where} differs"
-    elif isinstance(expected, dict):
-        assert expected.keys() == actual.keys(), where
-        for key in expected:
-            assert_same_tensors(expected[key], actual[key], f"{where}.{key}")
-    elif isinstance(expected, list | tuple):
-        for index, (e, a) in enumerate(zip(expected, actual, strict=True)):
-            assert_same_tensors(e, a, f"{where}[{index}]")
-    else:
-        assert expected == actual, f"{where}: {expected} != {actual}"
-
-
 def killed_run(run: list[str], run_dir, kill_step: int):
     """`train.py <run>` in a subprocess SIGKILLed at the end of step `kill_step`; its last.ckpt."""
-    killed = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "train.py"),
-            *run,
-            f"hydra.run.dir={run_dir}",
-            "+callbacks.killer._target_=tests.helpers.KillAtStep",
-            f"+callbacks.killer.step={kill_step}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    killer = [
+        "+callbacks.killer._target_=tests.helpers.KillAtStep",
+        f"+callbacks.killer.step={kill_step}",
+    ]
+    killed = run_train([*run, *killer], run_dir, check=False)
     assert killed.returncode == -9, killed.stderr[-2000:]
     return run_dir / "checkpoints" / "last.ckpt"
 
@@ -109,7 +91,7 @@ def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path):
         "model.config.head_dim=16",
         "model.config.linear_key_head_dim=8",
         "model.config.linear_value_head_dim=8",
-        "model.warmup_steps=2",
+        "scheduler.scheduler.warmup_steps=2",
         "data.max_seq_len=64",
         "data.batch_size=2",
         f"data.cache_dir={tmp_path / 'cache'}",

@@ -2,8 +2,6 @@
 submitit locally, the summary plot."""
 
 import csv
-import subprocess
-import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -12,14 +10,13 @@ from omegaconf import OmegaConf
 
 from src.run.compose import CONF_DIR
 from src.run.sweep_summary import SweepSummary, plot_metric
-from tests.helpers import FAST, ROOT
+from tests.helpers import FAST, run_train
 
 
 def test_optuna_search_writes_a_summary_whose_best_row_is_optunas_best_trial(tmp_path):
-    command = [sys.executable, str(ROOT / "train.py"), "hparams_search=optuna"]
-    command += ["hydra.sweeper.n_trials=3", f"hydra.sweep.dir={tmp_path}", *FAST]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    run_train(
+        ["hparams_search=optuna", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={tmp_path}", *FAST]
+    )
 
     for name in ("summary.md", "summary.csv", "summary.png", "optimization_results.yaml"):
         assert (tmp_path / name).is_file(), f"the sweep wrote no {name}"
@@ -64,10 +61,8 @@ def test_slurm_launcher_defaults_to_one_gpu_per_job():
 def test_submitit_runs_each_job_from_its_pickled_task_into_one_sweep_directory(tmp_path):
     # submitit's local executor takes the path SLURM jobs take: each job unpickles the task
     # and Hydra's callbacks in a fresh process and resolves the sweep directory there.
-    command = [sys.executable, str(ROOT / "train.py"), "-m", "hydra/launcher=submitit_local"]
-    command += [*FAST, "model=simplenet", "test=false", f"paths.log_dir={tmp_path}", "seed=1,2"]
-    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    sweep = ["-m", "hydra/launcher=submitit_local", "seed=1,2", f"paths.log_dir={tmp_path}"]
+    run_train([*sweep, *FAST, "model=simplenet", "test=false"])
     (sweep_dir,) = (tmp_path / "train" / "multiruns").iterdir()
     with (sweep_dir / "summary.csv").open() as file:
         assert [row["status"] for row in csv.DictReader(file)] == ["ok", "ok"]

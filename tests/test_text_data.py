@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from scripts.generate import load_tokenizer
 from scripts.generate import main as generate_main
 from scripts.make_sft_data import main as make_sft_data_main
+from src.checkpoints.restore import restore
 from src.data.packed_text import PackedTextDataModule
 from src.data.sft import SFTDataModule
 from src.data.synthetic_sft import TASKS, make_examples
@@ -62,9 +62,13 @@ def test_packed_and_padded_runs_see_the_same_samples(corpus, tmp_path):
     padded = text_module(corpus, tmp_path, packing=False)
     assert all_samples(packed, "train") == all_samples(padded, "train")
     assert len(packed.datasets["train"]) < len(padded.datasets["train"])
-    batch = next(iter(packed.train_dataloader()))
+    loader = packed.train_dataloader()
+    first_rows = list(loader.sampler)[:4]
+    batch = next(iter(loader))
     assert batch["input_ids"].shape == (4, 256)
-    assert (batch["document_lengths"] > 0).sum() > 4  # several documents per row
+    documents = [len(packed.datasets["train"].rows[i]) for i in first_rows]
+    assert (batch["document_lengths"] > 0).sum(dim=1).tolist() == documents
+    assert sum(documents) > 4, "rows of 256 tokens hold several paragraphs"
 
 
 def test_bucketing_by_length_pads_less_and_still_serves_every_sample(tmp_path):
@@ -122,7 +126,8 @@ def test_the_process_that_fills_the_cache_reads_the_files_once(corpus, tmp_path)
     module.prepare_data()
     module.setup()
     assert len(reads) == 1 and (tmp_path / "cache").is_dir()
-    assert len(module.datasets["train"]) > 0
+    samples = sum(len(module.datasets[split].samples) for split in ("train", "val", "test"))
+    assert samples == len(PARAGRAPHS), "every paragraph is a sample of exactly one split"
 
 
 def test_a_bpe_tokenizer_is_trained_on_the_training_text_and_reused(corpus, tmp_path):
@@ -265,14 +270,18 @@ def test_a_text_run_logs_its_packing_and_draws_its_sample_lengths(corpus, tmp_pa
         "test=false",
     ]
     record = train(compose_config(tmp_path / "run", overrides))
-    assert (tmp_path / "run" / "plots" / "sample_lengths.png").stat().st_size > 0
+    png = (tmp_path / "run" / "plots" / "sample_lengths.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 5_000, "not a drawn PNG"
     assert load_pretrained(tmp_path / "run" / "tokenizer").vocab_size == 300
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    assert load_tokenizer(None, last).vocab_size == 300  # generate.py decodes with it
+    restored = restore(last)
+    assert restored.tokenizer.vocab_size == 300  # the checkpoint carries it
     (text,) = generate_main(["--ckpt", str(last), "--prompt", "Paragraph", "--max-new-tokens", "3"])
     assert text.startswith("Paragraph")
     report = json.loads((tmp_path / "run" / "data_report.json").read_text())
-    assert report["data/tokens_input"] == report["data/tokens_kept"] > 0
+    restored.datamodule.setup()
+    train_tokens = sum(len(s) for s in restored.datamodule.datasets["train"].samples)
+    assert report["data/tokens_input"] == report["data/tokens_kept"] == train_tokens
     assert report["data/documents_per_row"] > 1
     metrics = record["metrics"]
     assert metrics["perf/padding_fraction"] < 0.2

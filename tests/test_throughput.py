@@ -4,14 +4,14 @@ import json
 
 import pytest
 import torch
-from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, Dataset
 
 from src.callbacks import peak_flops
 from src.callbacks.throughput import Throughput, measure_flops_per_batch
 from src.models.classifier import ImageClassifier
 from src.models.simplenet import SimpleNet
-from tests.helpers import FAST, compose_config
+from tests.helpers import FAST, compose_config, quiet_trainer
 from train import train
 
 BATCH, SEQ, REAL = 4, 10, 7  # every row: 7 real tokens, 3 padding
@@ -51,15 +51,7 @@ class TinyLM(LightningModule):
 
 
 def fit(module, loader, callback, **trainer_args):
-    trainer = Trainer(
-        accelerator="cpu",
-        callbacks=[callback],
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **trainer_args,
-    )
+    trainer = quiet_trainer(callbacks=[callback], **trainer_args)
     trainer.fit(module, loader)
     return trainer
 
@@ -139,17 +131,13 @@ def test_every_run_writes_perf_metrics_to_metrics_json(tmp_path):
             tmp_path, [*FAST, "trainer.max_epochs=2", "callbacks.throughput.peak_flops=1e11"]
         )
     )
-    metrics = json.loads((tmp_path / "metrics.json").read_text())["metrics"]
-    for key in (
-        "perf/samples_per_s",
-        "perf/steps_per_s",
-        "perf/step_time_p50_ms",
-        "perf/step_time_p90_ms",
-        "perf/data_wait_fraction",
-        "perf/mfu",
-        "perf/time_to_first_step_s",
-        "perf/effective_batch_samples",
-    ):
-        assert metrics[key] is not None and metrics[key] >= 0, key
-    assert metrics["perf/effective_batch_samples"] == 64
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    metrics = record["metrics"]
+    assert metrics["perf/effective_batch_samples"] == 64  # data.batch_size, no accumulation
+    assert metrics["perf/steps_per_s"] > 0
+    # Samples per step: 64, less the short batch that ends each epoch of the digits split.
+    assert 0.9 * 64 < metrics["perf/samples_per_s"] / metrics["perf/steps_per_s"] <= 64
+    assert 0 < metrics["perf/step_time_p50_ms"] <= metrics["perf/step_time_p90_ms"]
+    assert 0 < metrics["perf/time_to_first_step_s"] < record["wall_time_s"]
+    assert 0 < metrics["perf/data_wait_fraction"] < 1
     assert 0 < metrics["perf/mfu"] < 1

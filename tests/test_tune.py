@@ -44,7 +44,9 @@ def test_training_starts_from_the_suggested_learning_rate(tmp_path):
 
 def test_update_lr_false_only_suggests(tmp_path):
     _, finder = fit(tmp_path, ["callbacks.lr_find.update_lr=false"])
-    assert finder.optimal_lr.suggestion() is not None
+    suggestion = finder.optimal_lr.suggestion()
+    assert suggestion in finder.optimal_lr.results["lr"], "not a rate the range test tried"
+    assert suggestion != pytest.approx(1e-3)  # so that keeping 1e-3 below is visible
     assert first_logged_lr(tmp_path) == pytest.approx(1e-3)  # optimizer.lr of conf/optimizer/adam
 
 

@@ -24,8 +24,9 @@ class TextDataReport(Callback):
       `<dirpath>/data_report.json`;
     - draws the histogram of sample lengths before and after the over-long policy as
       `<dirpath>/plots/sample_lengths.png`, and as TensorBoard histograms;
-    - saves the tokenizer in `<dirpath>/tokenizer/` (nothing for the byte tokenizer), so that
-      the run's checkpoints can be decoded later.
+    - saves a copy of the tokenizer in `<dirpath>/tokenizer/` (nothing for the byte
+      tokenizer), for tools that read a `tokenizer.json` (transformers' AutoTokenizer). The
+      checkpoints carry the tokenizer themselves, in the datamodule's state.
     """
 
     def __init__(self, dirpath: str):

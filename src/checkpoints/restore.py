@@ -1,20 +1,51 @@
-"""A trained model and its datamodule rebuilt from a checkpoint, for use outside the Trainer.
+"""A trained run rebuilt from its checkpoint, for use outside training: `restore(ckpt_path)`.
 
-The checkpoint's stored run config says which classes to build; the weights and the datamodule's
-state (e.g. class names) come from the checkpoint itself. Nothing here reads the dataset.
+The checkpoint's stored run config says which classes to build (by `_target_`, so this layer
+imports no model or data code); the weights and the datamodule's state (class names, the
+tokenizer) come from the checkpoint itself. Nothing here reads the dataset. eval.py,
+predict.py, scripts/generate.py and scripts/export.py all start from `restore`.
 """
 
+import inspect
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from lightning.pytorch import LightningDataModule, LightningModule
+from omegaconf import DictConfig, OmegaConf
 
 from src.checkpoints.io import load_checkpoint
-from src.utils.errors import CheckpointError
+from src.checkpoints.weights import describe_mismatch
+from src.utils.contracts import Tokenizer
+from src.utils.errors import CheckpointError, ConfigError
+
+log = logging.getLogger(__name__)
+
+# Arguments only training uses: a model class that requires one is given None for inference.
+TRAINING_ONLY = ("optimizer", "scheduler")
+_ABSENT = object()
 
 
-def load_trained(ckpt_path: str | Path) -> tuple[LightningModule, LightningDataModule]:
-    """The model (in eval mode, on the CPU) and the datamodule of a checkpoint from train.py."""
+@dataclass(frozen=True)
+class Restored:
+    """A run as its checkpoint holds it."""
+
+    config: DictConfig  # the run's resolved config, with the overrides applied
+    model: LightningModule  # weights loaded, in eval mode, on the CPU
+    datamodule: LightningDataModule  # its checkpointed state loaded; not set up
+    tokenizer: Tokenizer | None  # the datamodule's tokenizer; None for image data
+    checkpoint: dict[str, Any]
+
+
+def restore(ckpt_path: str | Path, overrides: Sequence[str] = ()) -> Restored:
+    """The model, datamodule and tokenizer of a checkpoint written by train.py, exactly as the
+    run had them; `overrides` (`data.batch_size=8`, `+key=value`, `~key`) change keys of the
+    stored config first."""
     checkpoint = load_checkpoint(ckpt_path)
     stored = checkpoint.get("run_config")
     if stored is None:
@@ -22,12 +53,74 @@ def load_trained(ckpt_path: str | Path) -> tuple[LightningModule, LightningDataM
             f"{ckpt_path} records no run config, so the model it holds cannot be rebuilt. Use a "
             f"checkpoint written by train.py (e.g. <run dir>/checkpoints/last.ckpt)."
         )
-    config = stored["config"]
-    model_config = dict(config["model"])
-    if "pretrained" in model_config:  # the weights the run started from: replaced just below
-        model_config["pretrained"] = None
-    model = hydra.utils.instantiate(model_config)
+    config = apply_overrides(OmegaConf.create(stored["config"]), overrides)
+    model = hydra.utils.instantiate(inference_node(config.model, ckpt_path))
+    if problems := describe_mismatch(model.state_dict(), checkpoint["state_dict"]):
+        raise CheckpointError(
+            f"The weights in {ckpt_path} do not fit {config.model._target_} as it is built "
+            f"now: {problems}. Was the model's code changed since the run?"
+        )
     model.load_state_dict(checkpoint["state_dict"])
-    datamodule = hydra.utils.instantiate(config["data"])
+    datamodule = hydra.utils.instantiate(config.data)
+    # Lightning saves `datamodule.state_dict()` under the class's qualified name.
     datamodule.load_state_dict(checkpoint.get(type(datamodule).__qualname__, {}))
-    return model.eval(), datamodule
+    tokenizer = getattr(datamodule, "tokenizer", None)
+    return Restored(config, model.eval(), datamodule, tokenizer, checkpoint)
+
+
+def apply_overrides(config: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """`config` with Hydra command-line overrides applied as Hydra applies them to keys; group
+    choices (`model=cnn`) are refused, since the weights only fit the stored model."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as error:
+        raise ConfigError(str(error)) from None
+    for override in parsed:
+        key, line = override.key_or_group, override.input_line
+        current = OmegaConf.select(config, key, default=_ABSENT)
+        if "." not in key and isinstance(current, DictConfig):
+            raise ConfigError(
+                f"{line}: a checkpoint's weights only fit the model it was trained as, so its "
+                f"config groups cannot be chosen again. Override keys of its stored config "
+                f"instead, e.g. data.data_dir=<folder> or data.batch_size=8."
+            )
+        if override.is_sweep_override():
+            raise ConfigError(f"{line}: a checkpoint is restored with one value per key.")
+        if override.is_delete():
+            if current is _ABSENT:
+                raise ConfigError(f"{line}: {key} is not in the checkpoint's config.")
+            parent, _, leaf = key.rpartition(".")
+            del (OmegaConf.select(config, parent) if parent else config)[leaf]
+        elif override.is_add() and current not in (_ABSENT, None):
+            raise ConfigError(f"{line}: {key} is already set; override it with {key}=...")
+        elif not (override.is_add() or override.is_force_add()) and current is _ABSENT:
+            raise ConfigError(f"{line}: {key} is not in the checkpoint's config; add it: +{line}")
+        else:
+            OmegaConf.update(config, key, override.value(), merge=True, force_add=True)
+    return config
+
+
+def inference_node(node: DictConfig, ckpt_path: str | Path) -> dict[str, Any]:
+    """The stored model config, made buildable for inference by the class as it is now: no
+    starting weights (the checkpoint has them), None for a training-only argument it requires
+    but that is not stored, and without the keys its signature no longer takes (with a
+    warning: a checkpoint older than the class)."""
+    node = OmegaConf.to_container(node)
+    if "pretrained" in node:
+        node["pretrained"] = None
+    parameters = inspect.signature(hydra.utils.get_object(node["_target_"])).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    retired = [k for k in node if not (takes_any or k.startswith("_") or k in parameters)]
+    if retired:
+        log.warning(
+            "%s: the stored model config has keys that %s no longer takes, left out: %s",
+            ckpt_path,
+            node["_target_"],
+            ", ".join(retired),
+        )
+        node = {key: value for key, value in node.items() if key not in retired}
+    for name in TRAINING_ONLY:
+        required = name in parameters and parameters[name].default is inspect.Parameter.empty
+        if required and name not in node:
+            node[name] = None
+    return node

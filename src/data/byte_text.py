@@ -2,6 +2,7 @@
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -10,7 +11,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.sampler import SplitLoaders, resumable_loader
 from src.data.splits import check_fractions, check_loader_options
-from src.data.tokenizers import ByteTokenizer
+from src.data.tokenizers import ByteTokenizer, tokenizer_from_state, tokenizer_state
 from src.utils.errors import ConfigError, DataError, MissingFileError
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,15 @@ class ByteTextDataModule(SplitLoaders, LightningDataModule):
                     f"The {split} split of {self.path} ({len(tokens[start:end])} bytes) is "
                     f"shorter than one row of max_seq_len + 1 = {self.max_seq_len + 1} tokens"
                 )
+
+    def state_dict(self) -> dict[str, Any]:
+        """What checkpoints keep of the datamodule: its tokenizer (bytes), as every text
+        datamodule's checkpoints do."""
+        return {"tokenizer": tokenizer_state(self.tokenizer)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "tokenizer" in state_dict:  # older checkpoints have none: bytes all the same
+            self.tokenizer = tokenizer_from_state(state_dict["tokenizer"])
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
         return resumable_loader(self, self.datasets[split], batch_size, shuffle)

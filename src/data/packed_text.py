@@ -20,9 +20,10 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from src.data.collate import collate_rows
 from src.data.packing import Sample, TokenAccounting, fit_to_length, pack
 from src.data.sampler import SplitLoaders, resumable_loader
+from src.data.splits import check_fractions, check_loader_options
 from src.data.token_cache import cache_key, cached_samples
-from src.data.tokenizers import build_tokenizer
-from src.utils.errors import ConfigError, DataError
+from src.data.tokenizers import build_tokenizer, tokenizer_from_state, tokenizer_state
+from src.utils.errors import CheckpointError, ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -108,16 +109,10 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         cache_dir: str | None = None,
     ):
         super().__init__()
-        if max_seq_len < 2 or batch_size < 1:
-            raise ConfigError(
-                f"data.max_seq_len must be at least 2 and data.batch_size positive, got "
-                f"{max_seq_len} and {batch_size}"
-            )
-        if not (val_fraction > 0 and test_fraction >= 0 and val_fraction + test_fraction < 1):
-            raise ConfigError(
-                "data.val_fraction must be positive, data.test_fraction non-negative, and both "
-                f"leave documents for training; got {val_fraction} and {test_fraction}"
-            )
+        if max_seq_len < 2:
+            raise ConfigError(f"data.max_seq_len must be at least 2, got {max_seq_len}")
+        check_loader_options(batch_size, eval_batch_size)
+        check_fractions(val_fraction, test_fraction)
         self.max_seq_len = max_seq_len
         self.packing = packing
         self.packing_strategy = packing_strategy
@@ -176,18 +171,19 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
 
     def tokenized(self) -> tuple[list[Any], dict[str, torch.Tensor], list[Sample]]:
         """(documents, document indices of each split, one sample per document), after setting
-        `self.tokenizer` (trained or loaded)."""
+        `self.tokenizer` (trained or loaded) unless a checkpoint's state set it."""
         documents = self.load_documents()
         split_of = self.split_documents(len(documents))
         source = self.source_fingerprint()
-        self.tokenizer = build_tokenizer(
-            **self.tokenizer_options,
-            training_texts=lambda: (
-                self.document_text(documents[i]) for i in split_of["train"].tolist()
-            ),
-            cache_dir=self.cache_dir,
-            cache_key=f"{source}|{self.split_seed}|{self.fractions}",
-        )
+        if self.tokenizer is None:
+            self.tokenizer = build_tokenizer(
+                **self.tokenizer_options,
+                training_texts=lambda: (
+                    self.document_text(documents[i]) for i in split_of["train"].tolist()
+                ),
+                cache_dir=self.cache_dir,
+                cache_key=f"{source}|{self.split_seed}|{self.fractions}",
+            )
         samples = cached_samples(
             self.cache_dir,
             cache_key(source, self.tokenizer.fingerprint),
@@ -237,6 +233,23 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
             return [[i] for i in range(len(samples))]
         return pack([len(s) for s in samples], self.max_seq_len, self.packing_strategy)
 
+    def packing_metrics(self) -> dict[str, float]:
+        """Rows, padding fraction and documents per row of the training split as batched: packed
+        rows are `max_seq_len` slots; padded rows as long as their batch's longest."""
+        dataset = self.datasets["train"]
+        lengths = [sum(len(s) for s in dataset[i]) for i in range(len(dataset))]
+        if self.packing:
+            slots = len(lengths) * self.max_seq_len
+        else:  # padded in consecutive batches of this many rows (the shuffle changes little)
+            size = self.batch_size
+            batches = (lengths[i : i + size] for i in range(0, len(lengths), size))
+            slots = sum(len(batch) * max(batch) for batch in batches)
+        return {
+            "data/rows": len(lengths),
+            "data/padding_fraction": 1 - sum(lengths) / max(1, slots),
+            "data/documents_per_row": len(dataset.samples) / max(1, len(lengths)),
+        }
+
     def _log_summary(self) -> None:
         for split, dataset in self.datasets.items():
             accounting = self.accounting[split]
@@ -249,6 +262,41 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
                 accounting.truncated,
                 accounting.dropped,
             )
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What checkpoints keep of the datamodule: its tokenizer, as plain strings."""
+        return {} if self.tokenizer is None else {"tokenizer": tokenizer_state(self.tokenizer)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Use the checkpoint's tokenizer. Lightning calls this after `setup` when it resumes: a
+        tokenizer that differs from the one setup built (a BPE retrained, a changed folder)
+        replaces it, and the documents are tokenised again with it."""
+        if "tokenizer" not in state_dict:
+            if self.tokenizer is None:
+                self.tokenizer = self._tokenizer_of_older_checkpoint()
+            return
+        stored = tokenizer_from_state(state_dict["tokenizer"])
+        if self.tokenizer is not None and self.tokenizer.fingerprint == stored.fingerprint:
+            return
+        self.tokenizer = stored
+        if self.datasets:
+            log.warning("The checkpoint's tokenizer differs from this run's: tokenising again")
+            self.datasets = {}
+            self.setup()
+
+    def _tokenizer_of_older_checkpoint(self):
+        """The tokenizer of a checkpoint from before tokenizers were kept in checkpoints, when
+        the config alone rebuilds it (bytes, or a pretrained folder)."""
+        if self.tokenizer_options.get("kind", "auto") == "bpe":
+            raise CheckpointError(
+                "The checkpoint predates tokenizers in checkpoints, and its BPE tokenizer was "
+                "trained during the run. Pass the run's tokenizer/ folder: --tokenizer <run "
+                "dir>/tokenizer to scripts/generate.py, or the overrides "
+                "data.tokenizer.kind=pretrained data.tokenizer.path=<run dir>/tokenizer."
+            )
+        return build_tokenizer(**self.tokenizer_options)
 
     # -- loaders -----------------------------------------------------------------------------
 

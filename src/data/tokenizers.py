@@ -4,7 +4,8 @@ text, or a pretrained Hugging Face tokenizer from a local folder (e.g. a Qwen ch
 All three share one small interface: `encode`, `decode`, `vocab_size`, `eos_token_id`,
 `pad_token_id`, `fingerprint` (identifies the vocabulary, for caches) and `save(folder)`.
 The trained and pretrained ones are `tokenizers.Tokenizer` objects, read from and written to a
-`tokenizer.json` that `transformers.AutoTokenizer` also loads.
+`tokenizer.json` that `transformers.AutoTokenizer` also loads. `tokenizer_state` turns any of
+them into plain strings, which the text datamodules keep in every checkpoint.
 """
 
 import hashlib
@@ -15,8 +16,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from src.utils.errors import CheckpointError, ConfigError, MissingFileError
 from src.utils.files import write_atomically
-from src.utils.errors import ConfigError, MissingFileError
 
 log = logging.getLogger(__name__)
 
@@ -143,3 +144,19 @@ def build_tokenizer(
     if folder is not None:
         tokenizer.save(folder)
     return tokenizer
+
+
+def tokenizer_state(tokenizer: ByteTokenizer | FileTokenizer) -> dict[str, str]:
+    """The tokenizer as plain strings, for a checkpoint (it still loads with `weights_only`)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return {"kind": "byte"}
+    return {"kind": "file", "json": tokenizer.tokenizer.to_str(), "eos_token": tokenizer.eos_token}
+
+
+def tokenizer_from_state(state: dict[str, str]) -> ByteTokenizer | FileTokenizer:
+    """The tokenizer that `tokenizer_state` described."""
+    if state.get("kind") == "byte":
+        return ByteTokenizer()
+    if state.get("kind") == "file":
+        return FileTokenizer(Tokenizer.from_str(state["json"]), state["eos_token"])
+    raise CheckpointError(f"The checkpoint holds a tokenizer of unknown kind {state.get('kind')!r}")

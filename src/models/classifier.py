@@ -1,29 +1,28 @@
 """The LightningModule that trains any image classifier network with cross-entropy."""
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from src.checkpoints.weights import load_network_weights
+from src.models.optimization import OptimizedModule, OptimizerFactory
+from src.utils.lightning import is_logging_step
 
-OptimizerFactory = Callable[..., torch.optim.Optimizer]
 STAGES = ("train", "val", "test")
 
 
-class ImageClassifier(LightningModule):
+class ImageClassifier(OptimizedModule):
     """Cross-entropy training, accuracy per stage and the best validation accuracy so far.
 
     `optimizer` is a partial optimizer (`_partial_: true` in config) called with the trainable
-    parameters. `scheduler` is Lightning's lr-scheduler dict whose `scheduler` entry is a partial
-    called with the optimizer, e.g. `{"scheduler": partial(CosineAnnealingLR, T_max=10),
-    "interval": "epoch"}`. `pretrained` starts the network from a weights file (see
-    `src/checkpoints/weights.py`). Only plain values reach the checkpoint's hyperparameters, so
-    checkpoints load with `torch.load(..., weights_only=True)`.
+    parameters, all in one group. `scheduler` is Lightning's lr-scheduler dict whose `scheduler`
+    entry is a partial called with the optimizer, e.g. `{"scheduler": partial(CosineAnnealingLR,
+    T_max=10), "interval": "epoch"}` (`src/models/optimization.py`). `pretrained` starts the
+    network from a weights file (see `src/checkpoints/weights.py`). Only plain values reach the
+    checkpoint's hyperparameters, so checkpoints load with `torch.load(..., weights_only=True)`.
     """
 
     def __init__(
@@ -35,7 +34,7 @@ class ImageClassifier(LightningModule):
         pretrained: str | None = None,
         input_shape: list[int] | None = None,
     ):
-        super().__init__()
+        super().__init__(optimizer, scheduler)
         if input_shape is not None:
             input_shape = [int(size) for size in input_shape]  # a plain list in checkpoints
         self.save_hyperparameters(
@@ -46,8 +45,6 @@ class ImageClassifier(LightningModule):
         self.net = net
         if input_shape is not None:  # one sample's shape: the model graph and summary use it
             self.example_input_array = torch.zeros(1, *input_shape)
-        self.optimizer_factory = optimizer
-        self.scheduler_config = scheduler
         self.criterion = nn.CrossEntropyLoss()
         # One accuracy and one mean loss per stage, updated every step and logged once per epoch:
         # one `self.log` call per step costs more than a small model's whole step (BENCHMARKS.md).
@@ -68,7 +65,7 @@ class ImageClassifier(LightningModule):
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         loss = self._shared_step("train", batch)
         # The step loss, on logging steps only (`trainer.log_every_n_steps`), as a classic loop.
-        if self.trainer._logger_connector.should_update_logs:
+        if is_logging_step(self.trainer):
             self.log("train/loss_step", loss, prog_bar=True)
         return loss
 
@@ -93,15 +90,6 @@ class ImageClassifier(LightningModule):
     def predict_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         inputs = batch[0] if isinstance(batch, list | tuple) else batch
         return self(inputs).argmax(dim=1)
-
-    def configure_optimizers(self) -> Any:
-        params = [p for p in self.parameters() if p.requires_grad]
-        optimizer = self.optimizer_factory(params)
-        if not self.scheduler_config:
-            return optimizer
-        lr_scheduler = dict(self.scheduler_config)
-        lr_scheduler["scheduler"] = lr_scheduler["scheduler"](optimizer)
-        return {"optimizer": optimizer, "lr_scheduler": lr_scheduler}
 
     def _shared_step(self, stage: str, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         inputs, targets = batch

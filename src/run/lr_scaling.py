@@ -2,9 +2,8 @@
 
 `+optimizer.scale_lr=linear` (or `sqrt`) with `+optimizer.reference_batch_size=64` multiplies
 the learning rate by effective batch / 64 (or its square root), where the effective batch is
-data.batch_size x devices x num_nodes x accumulate_grad_batches. The learning rate is the
-model's own `model.lr` when it has one (the LanguageModel builds its AdamW itself), else
-`optimizer.lr`. train.py applies it before anything is built.
+data.batch_size x devices x num_nodes x accumulate_grad_batches. The learning rate is
+`optimizer.lr`, for every model. train.py applies it before anything is built.
 """
 
 import logging
@@ -14,7 +13,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities import rank_zero_only
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, open_dict
 
 from src.utils.errors import ConfigError
 
@@ -51,7 +50,7 @@ def effective_batch_size(cfg: DictConfig) -> int:
 
 def apply_lr_scaling(cfg: DictConfig) -> None:
     """Take `scale_lr` and `reference_batch_size` out of `cfg.optimizer` (the optimizer never
-    sees them) and, when `scale_lr` is set, scale the learning rate in `cfg` in place."""
+    sees them) and, when `scale_lr` is set, scale `cfg.optimizer.lr` in place."""
     if not cfg.get("optimizer"):
         return
     with open_dict(cfg.optimizer):
@@ -66,15 +65,16 @@ def apply_lr_scaling(cfg: DictConfig) -> None:
             f"optimizer.scale_lr={rule} needs the batch size the learning rate was tuned at: "
             f"+optimizer.reference_batch_size=<int>, got {reference!r}."
         )
-    key = "model.lr" if "lr" in cfg.model else "optimizer.lr"
-    lr = OmegaConf.select(cfg, key)
+    lr = cfg.optimizer.get("lr")
     if lr is None:
-        raise ConfigError(f"optimizer.scale_lr={rule} found no learning rate to scale at {key}.")
+        raise ConfigError(
+            f"optimizer.scale_lr={rule} found no learning rate to scale: set optimizer.lr."
+        )
     batch = effective_batch_size(cfg)
     scaled = scaled_lr(lr, batch, reference, rule)
     if rank_zero_only.rank == 0:
         log.info(
-            f"{key} {lr:g} scaled to {scaled:g} for effective batch {batch} "
+            f"optimizer.lr {lr:g} scaled to {scaled:g} for effective batch {batch} "
             f"(reference {reference}, {rule})"
         )
-    OmegaConf.update(cfg, key, scaled)
+    cfg.optimizer.lr = scaled

@@ -44,12 +44,12 @@ class Attention(nn.Module):
 
     def __init__(self, config: QwenConfig, layer_index: int):
         super().__init__()
+        hidden, bias = config.hidden_size, config.attention_bias
         self.layer_index = layer_index
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.gated = config.is_next
-        hidden, bias = config.hidden_size, config.attention_bias
         q_width = self.num_heads * self.head_dim * (2 if self.gated else 1)
         kv_width = self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(hidden, q_width, bias=bias)

@@ -14,17 +14,13 @@ starts in packed rows: there S restarts at zero, as if exp(g) were 0.
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 
 def recurrent_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    starts: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+    starts: Tensor | None = None, initial_state: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The recurrence one token at a time: the definition, and the decoding step.
 
     q, k [B, T, H_k, d_k]; v [B, T, H, d_v]; g, beta [B, T, H], where key head i serves value
@@ -48,15 +44,9 @@ def recurrent_gated_delta_rule(
 
 
 def chunk_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    starts: torch.Tensor | None = None,
-    initial_state: torch.Tensor | None = None,
-    chunk_size: int = 64,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
+    starts: Tensor | None = None, initial_state: Tensor | None = None, chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The same result as `recurrent_gated_delta_rule`, in blocks of `chunk_size` tokens.
 
     Inside a block the corrections u are found all at once by a triangular solve (the "UT

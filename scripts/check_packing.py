@@ -19,6 +19,7 @@ import hydra
 import torch
 
 from src.data.packing_checks import DEFAULT_LENGTHS, TOLERANCES, random_documents, run_checks
+from src.models.language_model import LanguageModel
 from src.run.compose import compose_run_config
 from src.utils.errors import ConfigError, exit_on_user_error
 
@@ -42,7 +43,7 @@ def build_network(overrides: list[str]) -> torch.nn.Module:
     with tempfile.TemporaryDirectory() as run_dir:
         cfg = compose_run_config(Path(run_dir), overrides)
         module = hydra.utils.instantiate(cfg.model)
-    if not hasattr(module, "net") or not hasattr(module.net, "config"):
+    if not isinstance(module, LanguageModel):
         raise ConfigError(
             f"{type(module).__name__} is not a language model; choose one, e.g. model=qwen3_tiny"
         )

@@ -2,11 +2,7 @@
 
 import re
 
-import pytest
-
-pytest.importorskip("transformers")
-
-from scripts.bench_lm import main as bench_main  # noqa: E402
+from scripts.bench_lm import main as bench_main
 
 HEADER = (
     "| model | precision | params | ours tok/s | transformers tok/s | speedup | ours MFU "

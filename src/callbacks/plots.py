@@ -16,6 +16,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from src.callbacks.throughput import Throughput
 from src.utils.lightning import as_number, is_logging_step
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,9 @@ def throughput_windows(trainer: Trainer) -> History:
     """The `perf/*_per_s` rates of the Throughput callback's logging windows, by key."""
     series: History = defaultdict(list)
     for callback in trainer.callbacks:
-        for step, rates in getattr(callback, "windows", []):
+        if not isinstance(callback, Throughput):
+            continue
+        for step, rates in callback.windows:
             for key, value in rates.items():
                 if key.startswith("perf/") and "_per_s" in key:
                     series[key].append((step, value))

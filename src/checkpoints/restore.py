@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from src.checkpoints.io import load_checkpoint
 from src.checkpoints.weights import describe_mismatch
-from src.utils.contracts import Tokenizer
+from src.utils.contracts import TokenizedData, Tokenizer
 from src.utils.errors import CheckpointError, ConfigError
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def restore(ckpt_path: str | Path, overrides: Sequence[str] = ()) -> Restored:
     datamodule = hydra.utils.instantiate(config.data)
     # Lightning saves `datamodule.state_dict()` under the class's qualified name.
     datamodule.load_state_dict(checkpoint.get(type(datamodule).__qualname__, {}))
-    tokenizer = getattr(datamodule, "tokenizer", None)
+    tokenizer = datamodule.tokenizer if isinstance(datamodule, TokenizedData) else None
     return Restored(config, model.eval(), datamodule, tokenizer, checkpoint)
 
 

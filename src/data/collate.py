@@ -14,8 +14,8 @@ padding:
   document of its own;
 - `document_index` [B, T]: which of the N documents a token belongs to, -1 on padding;
 - `labels` [B, T]: the target of every position, shifted inside each document: token t + 1 of
-  the same document, or -100 at each document's last position, on padding and wherever the
-  target is not trained on (SFT prompts).
+  the same document, or IGNORE_INDEX at each document's last position, on padding and wherever
+  the target is not trained on (SFT prompts).
 """
 
 from collections.abc import Sequence
@@ -104,7 +104,8 @@ def shifted_labels(
     document_index: torch.Tensor,
 ) -> torch.Tensor:
     """labels[t] = input_ids[t + 1] where t + 1 is in t's document and is a target; at a
-    document's last position, `next_tokens` (the continuation of a split sample, else -100)."""
+    document's last position, `next_tokens` (the continuation of a split sample, else
+    IGNORE_INDEX)."""
     following = torch.cat(
         (input_ids[:, 1:], torch.full_like(input_ids[:, :1], IGNORE_INDEX)), dim=1
     )

@@ -30,8 +30,8 @@ class Sample:
     `targets[i]` says whether token i may be a training target, i.e. whether the model is taught
     to predict it from the tokens before it. `position_offset` is where the sample's positions
     start: 0, except for the continuation of a sample split by the `split` policy, whose
-    `next_token` is the target of its last token: the first token of the next piece (-100 when
-    there is none or it is not a target).
+    `next_token` is the target of its last token: the first token of the next piece
+    (IGNORE_INDEX when there is none or it is not a target).
     """
 
     tokens: torch.Tensor  # [n] int64

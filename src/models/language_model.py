@@ -23,8 +23,8 @@ class LanguageModel(OptimizedModule):
     """Cross-entropy on pre-shifted labels, with the optimizer and schedule of the config groups.
 
     Batches are dicts: `input_ids` and `labels` [B, T] (labels[t] is the target of position t,
-    -100 where nothing is supervised), optionally `position_ids` [B, T] and `cu_seqlens` (int32
-    document offsets of packed rows).
+    IGNORE_INDEX where nothing is supervised), optionally `position_ids` [B, T] and
+    `cu_seqlens` (int32 document offsets of packed rows).
 
     The training loss is the mean over every supervised token of the optimizer step, however the
     tokens fall into micro-batches (gradient accumulation, packing, devices): each micro-batch

@@ -58,10 +58,15 @@ class AnswersPrompts(Protocol):
 
 
 @runtime_checkable
-class ExactMatchData(Protocol):
-    """A datamodule with held-out prompts whose answers are known (SFT data)."""
+class TokenizedData(Protocol):
+    """A text datamodule: its token ids come from (and decode with) `tokenizer`."""
 
     tokenizer: Tokenizer
+
+
+@runtime_checkable
+class ExactMatchData(TokenizedData, Protocol):
+    """A datamodule with held-out prompts whose answers are known (SFT data)."""
 
     def exact_match_examples(self, split: str) -> list[ExactMatchExample]: ...
 

@@ -9,11 +9,13 @@ import time
 
 import pytest
 import torch
+from PIL import Image
 
 from src.checkpoints import io as checkpoint_io
 from src.checkpoints.io import load_checkpoint, save_atomically
+from src.checkpoints.restore import restore
 from src.utils.errors import CheckpointError
-from tests.helpers import ROOT, run_script
+from tests.helpers import FAST, ROOT, run_script, run_train
 
 
 class Payload:
@@ -41,14 +43,66 @@ def test_a_pickled_payload_is_refused_and_never_runs(malicious_checkpoint):
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("script", ["train.py", "eval.py"])
-def test_the_entry_points_refuse_a_malicious_checkpoint(tmp_path, malicious_checkpoint, script):
+# Every entry point that reads a checkpoint or weights file: (script, its arguments), with
+# {ckpt} the malicious file (.ckpt, or .pt for a `model.pretrained` state dict) and {image} an
+# image. Each must refuse the file in its weights-only load, before anything else unpickles it.
+ENTRY_POINTS = {
+    "eval": ("eval.py", ["ckpt_path={ckpt}"]),
+    "train-resume": ("train.py", ["ckpt_path={ckpt}"]),
+    "predict": ("predict.py", ["ckpt_path={ckpt}", "input={image}"]),
+    "generate": ("scripts/generate.py", ["--ckpt", "{ckpt}"]),
+    "export": ("scripts/export.py", ["ckpt_path={ckpt}"]),
+    "train-pretrained-ckpt": ("train.py", ["model.pretrained={ckpt}"]),
+    "train-pretrained-pt": ("train.py", ["model.pretrained={ckpt}"]),
+}
+HYDRA_APPS = ("eval.py", "train.py", "predict.py", "scripts/export.py")
+
+
+@pytest.mark.parametrize("entry_point", ENTRY_POINTS)
+def test_the_entry_points_refuse_a_malicious_checkpoint(
+    tmp_path, malicious_checkpoint, entry_point
+):
     path, marker = malicious_checkpoint
-    overrides = [f"ckpt_path={path}", f"hydra.run.dir={tmp_path / 'run'}", "trainer.max_epochs=1"]
-    result = run_script(script, overrides, check=False)
-    assert result.returncode != 0
-    assert "Refusing to load" in result.stderr and "Traceback" not in result.stderr
-    assert not marker.exists()
+    if entry_point.endswith("-pt"):
+        path = path.rename(path.with_suffix(".pt"))
+    image = tmp_path / "digit.png"
+    Image.new("L", (28, 28)).save(image)
+    script, template = ENTRY_POINTS[entry_point]
+    args = [arg.format(ckpt=path, image=image) for arg in template]
+    if script == "train.py":
+        result = run_train([*args, *FAST], tmp_path / "run", check=False)
+    else:
+        if script in HYDRA_APPS:
+            args.append(f"hydra.run.dir={tmp_path / 'run'}")
+        result = run_script(script, args, check=False)
+
+    assert not marker.exists(), f"{script} {' '.join(args)} ran the checkpoint's pickled code"
+    assert result.returncode != 0, f"{script} accepted {path}:\n{result.stderr[-2000:]}"
+    assert "Traceback" not in result.stderr, f"{script} crashed:\n{result.stderr[-3000:]}"
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and f"Refusing to load {path}" in errors[0], (
+        f"{script} should print one 'Error: Refusing to load {path} ...' line, got:\n"
+        f"{result.stderr[-2000:]}"
+    )
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["builtins.open", "src.utils.files.write_atomically"],
+    ids=["outside the template", "a function of the template"],
+)
+def test_a_checkpoint_config_cannot_name_a_callable_to_run(tmp_path, target):
+    # Loads with weights_only=True (plain values only), yet names a callable to build.
+    marker = tmp_path / "code-ran"
+    path = tmp_path / "config.ckpt"
+    arguments = {"file": str(marker), "mode": "w"} if target == "builtins.open" else {
+        "path": str(marker), "write": "", "what": "payload"}  # fmt: skip
+    model = {"_target_": target, **arguments}
+    run_config = {"config": {"model": model, "data": {}}, "overrides": []}
+    torch.save({"state_dict": {}, "run_config": run_config}, path)
+    with pytest.raises(CheckpointError, match=f"Refusing to restore .*{target}"):
+        restore(path)
+    assert not marker.exists(), "restoring the checkpoint called the `_target_` its config names"
 
 
 def test_a_truncated_checkpoint_is_reported_as_corrupt(tmp_path):

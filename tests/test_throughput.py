@@ -1,17 +1,19 @@
 """The throughput callback's figures against values computed by hand on controlled runs."""
 
 import json
+import logging
 
 import pytest
 import torch
 from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, Dataset
 
-from src.callbacks import peak_flops
+from src.callbacks import peak_flops, throughput
 from src.callbacks.throughput import Throughput, measure_flops_per_batch
 from src.models.classifier import ImageClassifier
+from src.models.language_model import LanguageModel
 from src.models.simplenet import SimpleNet
-from tests.helpers import FAST, compose_config, quiet_trainer
+from tests.helpers import FAST, compose_config, quiet_trainer, tiny_config
 from train import train
 
 BATCH, SEQ, REAL = 4, 10, 7  # every row: 7 real tokens, 3 padding
@@ -141,3 +143,146 @@ def test_every_run_writes_perf_metrics_to_metrics_json(tmp_path):
     assert 0 < metrics["perf/time_to_first_step_s"] < record["wall_time_s"]
     assert 0 < metrics["perf/data_wait_fraction"] < 1
     assert 0 < metrics["perf/mfu"] < 1
+
+
+# -- peak FLOP/s of GPUs, by exact device name ----------------------------------------------------
+
+CUDA = torch.device("cuda", 0)  # never used: the device name is mocked
+
+
+def peak_of(monkeypatch, name, dtype=torch.bfloat16):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    return peak_flops.peak_flops(CUDA, dtype)
+
+
+@pytest.mark.parametrize(
+    ("name", "dense_bf16"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4e12),  # SXM
+        ("NVIDIA H100 PCIe", 756.5e12),  # not the SXM's 989 of a substring match
+        ("NVIDIA H100 NVL", 835.5e12),
+        ("NVIDIA H200", 989.5e12),  # SXM
+        ("NVIDIA H200 NVL", 835.5e12),  # not the SXM's 989, nor Lightning's sparse 1,671
+        ("NVIDIA A100-SXM4-40GB", 312e12),
+        ("NVIDIA A100 80GB PCIe", 312e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA L40S", 362.05e12),  # Lightning's substring match gives the L4's 121
+        ("NVIDIA GeForce RTX 4090", 165.2e12),  # Lightning lists its non-tensor 82.6
+    ],
+)
+def test_each_gpu_sku_gets_its_own_dense_bf16_peak(monkeypatch, name, dense_bf16):
+    assert peak_of(monkeypatch, name) == dense_bf16, name
+
+
+def test_fp32_peaks_follow_the_matmul_precision(monkeypatch):
+    previous = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert peak_of(monkeypatch, "NVIDIA A100-SXM4-80GB", torch.float32) == 19.5e12
+        torch.set_float32_matmul_precision("high")  # tf32 tensor cores
+        assert peak_of(monkeypatch, "NVIDIA A100-SXM4-80GB", torch.float32) == 156e12
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
+def test_unlisted_gpus_fall_back_to_lightnings_table(monkeypatch):
+    assert peak_of(monkeypatch, "Tesla V100-SXM2-16GB", torch.float16) == 125e12
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "NVIDIA Imaginary X1",
+        "NVIDIA H200 SXM1 141GB",  # a Hopper name Lightning would give its sparse peak
+    ],
+)
+def test_unknown_gpus_get_no_peak_and_one_info_line(monkeypatch, caplog, name):
+    with caplog.at_level(logging.INFO, logger=peak_flops.__name__):
+        assert peak_of(monkeypatch, name) is None
+    lines = [r.getMessage() for r in caplog.records if r.name == peak_flops.__name__]
+    assert len(lines) == 1 and name in lines[0] and "perf/mfu" in lines[0], lines
+
+
+def test_without_a_peak_mfu_is_left_out_while_flops_are_still_logged(monkeypatch):
+    monkeypatch.setattr(throughput, "peak_flops", lambda device, dtype: None)
+    callback = Throughput(warmup_steps=1)
+    fit(TinyLM(), DataLoader(PaddedText(16), batch_size=BATCH), callback, max_epochs=1)
+    summary = callback.summary()
+    assert "perf/mfu" not in summary and summary["perf/flops_per_s"] > 0
+    assert all("perf/mfu" not in rates for _, rates in callback.windows)
+
+
+# -- FLOPs of packed rows, per document -----------------------------------------------------------
+
+
+def lm_batch(rows, length, document_lengths=None):
+    batch = {"input_ids": torch.zeros(rows, length, dtype=torch.long)}
+    if document_lengths is not None:
+        batch["document_lengths"] = torch.tensor(document_lengths)
+    return batch
+
+
+@pytest.fixture(scope="module")
+def hybrid_lm():
+    """Gated DeltaNet and full-attention layers: only the latter depend on the length."""
+    return LanguageModel(tiny_config("qwen3_next").to_dict())
+
+
+def test_a_padded_batch_counts_every_token_slot_at_the_row_length(hybrid_lm):
+    flops = hybrid_lm.flops_per_batch(lm_batch(3, 32))
+    assert flops == 3 * 32 * hybrid_lm.net.flops_per_token(32)
+
+
+def test_packed_rows_count_attention_per_document_by_its_own_length(hybrid_lm):
+    f = hybrid_lm.net.flops_per_token
+    one_document = hybrid_lm.flops_per_batch(lm_batch(2, 32, [[32, 0, 0], [32, 0, 0]]))
+    assert float(one_document) == pytest.approx(2 * 32 * f(32), rel=1e-12)
+    # Row 1 ends in 2 padding slots, which its last document's attention span absorbs.
+    packed = hybrid_lm.flops_per_batch(lm_batch(2, 32, [[8, 8, 16], [20, 10, 0]]))
+    segments = [8, 8, 16, 20, 12]
+    # Each token's share of attention is that of its own document: f(n) per token of it.
+    assert float(packed) == pytest.approx(sum(n * f(n) for n in segments), rel=1e-12)
+    attention_difference = sum(n * (f(32) - f(n)) for n in segments)
+    assert attention_difference > 0
+    assert float(one_document - packed) == pytest.approx(attention_difference, rel=1e-9)
+
+
+# -- MFU over every batch of every window ---------------------------------------------------------
+
+
+class VaryingFlops(Dataset):
+    """Padded text rows whose batches carry their (made-up) FLOPs: 1e6 x the row index."""
+
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, index):
+        return {**PaddedText()[index], "flops": torch.tensor(1e6 * index, dtype=torch.float64)}
+
+
+class VaryingFlopsLM(TinyLM):
+    def flops_per_batch(self, batch):
+        return batch["flops"].sum()  # a tensor, as a packed LanguageModel batch gives
+
+
+def test_mfu_adds_up_the_flops_of_every_batch_of_every_window():
+    callback = Throughput(warmup_steps=2, peak_flops=1e12)
+    fit(
+        VaryingFlopsLM(),
+        DataLoader(VaryingFlops(), batch_size=2),
+        callback,
+        max_epochs=1,
+        log_every_n_steps=3,
+    )
+    batch_flops = [1e6 * (2 * b + 2 * b + 1) for b in range(12)]
+    assert len(callback.windows) == 4
+    for number, (_, rates) in enumerate(callback.windows):
+        window = batch_flops[3 * number : 3 * number + 3]
+        per_batch = rates["perf/flops_per_s"] / rates["perf/steps_per_s"]
+        assert per_batch == pytest.approx(sum(window) / 3), f"window {number}"
+        assert rates["perf/mfu"] == pytest.approx(rates["perf/flops_per_s"] / 1e12)
+    summary = callback.summary()
+    steady = batch_flops[2:]
+    assert summary["perf/flops_per_s"] / summary["perf/steps_per_s"] == pytest.approx(
+        sum(steady) / len(steady)
+    )

@@ -1,8 +1,11 @@
 """The device's peak FLOP/s, the denominator of model FLOPs utilisation (MFU).
 
-GPUs: dense (not "with sparsity") datasheet peaks, since Lightning's table lists some recent
-GPUs at their sparse peak. CPUs: no datasheet covers them, so the peak is measured once by a
-short matmul probe and cached per CPU model, thread count, dtype and torch version.
+GPUs: dense (not "with sparsity") datasheet peaks per dtype, looked up by the exact device name,
+since one name can be a prefix of another SKU's (an "H100 PCIe" is not an "H100 SXM"). Devices
+not listed here fall back to Lightning's table, except the families where that table holds sparse
+peaks; a device with no known peak gets no MFU rather than a wrong one. CPUs: no datasheet covers
+them, so the peak is measured once by a short matmul probe and cached per CPU model, thread
+count, dtype and torch version.
 """
 
 import json
@@ -10,6 +13,7 @@ import logging
 import os
 import platform
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -21,13 +25,46 @@ CACHE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / (
     "pytorch-template/peak_flops.json"
 )
 
-# Dense bf16/fp16 tensor-core peaks in FLOP/s, matched by substring of the device name.
-DENSE_GPU_PEAKS = {
-    "H200": 989e12,
-    "H100 NVL": 835e12,
-    "H100": 989e12,
-    "A100": 312e12,
+TF32 = "tfloat32"  # fp32 matmuls on tensor cores: Lightning's key, torch has no such dtype
+
+
+def _peaks(half: float, tf32: float, fp32: float) -> dict[torch.dtype | str, float]:
+    return {torch.bfloat16: half, torch.float16: half, TF32: tf32, torch.float32: fp32}
+
+
+# Dense tensor-core peaks in FLOP/s (bf16 and fp16 with fp32 accumulation, tf32) and the fp32
+# (non-tensor) peak, keyed by `torch.cuda.get_device_name()` lower-cased. Where a datasheet gives
+# only the "with sparsity" figure, the dense one is half of it.
+_H100_SXM = _peaks(989.4e12, 494.7e12, 66.9e12)  # NVIDIA H100 Tensor Core GPU whitepaper
+_H100_PCIE = _peaks(756.5e12, 378e12, 51.2e12)  # H100 whitepaper
+_H100_NVL = _peaks(835.5e12, 417.5e12, 60e12)  # H100 datasheet: 1,671 / 835 TF with sparsity
+_H200_SXM = _peaks(989.5e12, 494.5e12, 67e12)  # H200 datasheet: 1,979 / 989 TF with sparsity
+_H200_NVL = _peaks(835.5e12, 417.5e12, 60e12)  # H200 datasheet: 1,671 / 835 TF with sparsity
+_A100 = _peaks(312e12, 156e12, 19.5e12)  # A100 datasheet: the same for SXM/PCIe, 40/80GB
+_L4 = _peaks(121e12, 60e12, 30.3e12)  # L4 datasheet: 242 / 120 TF with sparsity
+_L40 = _peaks(181.05e12, 90.5e12, 90.5e12)  # L40 datasheet (dense | sparse columns)
+_L40S = _peaks(362.05e12, 183e12, 91.6e12)  # L40S datasheet (dense | sparse columns)
+_A10 = _peaks(125e12, 62.5e12, 31.2e12)  # A10 datasheet (dense | sparse columns)
+_RTX_4090 = _peaks(165.2e12, 82.6e12, 82.6e12)  # Ada architecture whitepaper, appendix
+DENSE_GPU_PEAKS: dict[str, dict[torch.dtype | str, float]] = {
+    "nvidia h100 80gb hbm3": _H100_SXM,
+    "nvidia h100 pcie": _H100_PCIE,
+    "nvidia h100 nvl": _H100_NVL,
+    "nvidia h200": _H200_SXM,
+    "nvidia h200 nvl": _H200_NVL,
+    "nvidia a100-sxm4-40gb": _A100,
+    "nvidia a100-sxm4-80gb": _A100,
+    "nvidia a100-pcie-40gb": _A100,
+    "nvidia a100 80gb pcie": _A100,
+    "nvidia l4": _L4,
+    "nvidia l40": _L40,
+    "nvidia l40s": _L40S,
+    "nvidia a10": _A10,
+    "nvidia geforce rtx 4090": _RTX_4090,
 }
+# Families whose entries in Lightning's table are "with sparsity" figures: an unlisted SKU of
+# these gets no peak rather than twice the true one.
+_LIGHTNING_SPARSE = ("h200", "h100 nvl")
 
 
 def dtype_of_precision(precision: str | int | None) -> torch.dtype:
@@ -41,17 +78,30 @@ def dtype_of_precision(precision: str | int | None) -> torch.dtype:
 
 
 def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
-    """Peak FLOP/s of `device` for matmuls in `dtype`; None when unknown."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        if dtype in (torch.bfloat16, torch.float16):
-            for key, value in DENSE_GPU_PEAKS.items():
-                if key in name:
-                    return value
-        return get_available_flops(device, dtype)
+    """Peak FLOP/s of `device` for matmuls in `dtype`; None (and one info line) when unknown."""
     if device.type == "cpu":
         return cpu_peak_flops(dtype)
-    return None
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+    peak = None
+    if device.type == "cuda":
+        peak = gpu_peak_flops(name, dtype)
+        if peak is None and not any(f in name.lower() for f in _LIGHTNING_SPARSE):
+            with warnings.catch_warnings():  # its "FLOPs not found" warning: the line below says it
+                warnings.simplefilter("ignore")
+                peak = get_available_flops(device, dtype)
+    if peak is None:
+        log.info("No peak FLOP/s known for %r in %s: perf/mfu is not logged", name, dtype)
+    return peak
+
+
+def gpu_peak_flops(name: str, dtype: torch.dtype) -> float | None:
+    """Dense peak FLOP/s of the GPU called `name` (as CUDA reports it) in `dtype`, if listed."""
+    peaks = DENSE_GPU_PEAKS.get(name.strip().lower())
+    if peaks is None:
+        return None
+    if dtype == torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        return peaks[TF32]  # every listed GPU is Ampere or later: fp32 matmuls run as tf32
+    return peaks.get(dtype)
 
 
 def cpu_peak_flops(dtype: torch.dtype, cache_file: Path = CACHE_FILE) -> float:

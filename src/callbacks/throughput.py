@@ -5,8 +5,10 @@ about data wait, step-time spread or cold start, so this callback keeps its own 
 clock. It still uses Lightning's FLOP counting and peak tables (through `src.callbacks.peak_flops`).
 
 What it costs per step: two `perf_counter` calls and, for text batches, a few tensor sums kept
-on the device. The device is synchronised only on logging steps, so windowed rates are exact
-while single step times on a GPU are host-side (launch) times.
+on the device, the batch's FLOPs among them (counted for every batch, since packed rows of
+different documents differ). The device is synchronised only on logging steps, so windowed
+rates are exact while single step times on a GPU are host-side (launch) times. `perf/mfu` is
+left out where the device's peak is unknown.
 """
 
 import logging
@@ -71,7 +73,7 @@ class Throughput(Callback):
         self.warmup_steps = warmup_steps
         self.step_times: deque[float] = deque(maxlen=window)
         self.peak_flops = peak_flops
-        self.flops_per_batch: float | None = None
+        self.flops_per_sample: float | None = None  # counted once, for modules not CountsFlops
         self.steady = _Totals()
         self.window = _Totals()
         self.windows: list[tuple[int, dict[str, float]]] = []  # (step, rates) per logging step
@@ -98,7 +100,9 @@ class Throughput(Callback):
         now = time.perf_counter()
         self._data_wait = now - self._last_end if self._last_end is not None else 0.0
         if not self.effective_batch:  # the first training batch: measured once
-            self.flops_per_batch = measure_flops_per_batch(pl_module, batch)
+            if not isinstance(pl_module, CountsFlops):
+                flops = measure_flops_per_batch(pl_module, batch)
+                self.flops_per_sample = flops / batch_counts(batch)["samples"] if flops else None
             self._log_effective_batch(trainer, pl_module, batch)
         self._batch_start = time.perf_counter()
 
@@ -114,12 +118,16 @@ class Throughput(Callback):
         if self.time_to_first_step is None:
             self.time_to_first_step = self._last_end - self._fit_start
         counts = batch_counts(batch)
+        if isinstance(pl_module, CountsFlops):
+            counts["flops"] = pl_module.flops_per_batch(batch)
+        elif self.flops_per_sample:
+            counts["flops"] = self.flops_per_sample * counts["samples"]
         self.window.add(counts, step_time, self._data_wait)
         if self.batches > self.warmup_steps:
             self.steady.add(counts, step_time, self._data_wait)
             self.step_times.append(step_time)
         if should_log:
-            metrics = self.window.rates(self.flops_per_batch, self.peak_flops, trainer.world_size)
+            metrics = self.window.rates(self.peak_flops, trainer.world_size)
             self.windows.append((trainer.global_step, metrics))
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
@@ -139,7 +147,7 @@ class Throughput(Callback):
     def summary(self, world_size: int = 1) -> dict[str, float]:
         """Steady-state figures so far (cumulative rates; step-time percentiles in ms)."""
         totals = self.steady if self.steady.batches else self.window
-        metrics = totals.rates(self.flops_per_batch, self.peak_flops, world_size)
+        metrics = totals.rates(self.peak_flops, world_size)
         if self.step_times:
             ordered = sorted(self.step_times)
             metrics["perf/step_time_p50_ms"] = 1e3 * statistics.median(ordered)
@@ -185,7 +193,8 @@ class _Totals:
         self.real_tokens: Any = 0
         self.supervised_tokens: Any = 0
         self.documents: Any = 0
-        self.has_tokens = self.has_supervised = self.has_documents = False
+        self.flops: Any = 0
+        self.has_tokens = self.has_supervised = self.has_documents = self.has_flops = False
         self.step_time = 0.0
         self.data_wait = 0.0
 
@@ -194,6 +203,9 @@ class _Totals:
         self.samples += counts["samples"]
         self.step_time += step_time
         self.data_wait += data_wait
+        if counts.get("flops") is not None:
+            self.has_flops = True
+            self.flops = self.flops + counts["flops"]
         if "tokens" in counts:
             self.has_tokens = True
             self.tokens += counts["tokens"]
@@ -205,9 +217,7 @@ class _Totals:
                 self.has_documents = True
                 self.documents = self.documents + counts["documents"]
 
-    def rates(
-        self, flops_per_batch: float | None, peak: float | None, world_size: int
-    ) -> dict[str, float]:
+    def rates(self, peak: float | None, world_size: int) -> dict[str, float]:
         """Per-device rates over the span (host time of steps plus the waits between them)."""
         elapsed = self.step_time + self.data_wait
         if not self.batches or elapsed <= 0:
@@ -229,8 +239,8 @@ class _Totals:
                 metrics["perf/supervised_tokens_per_s"] = float(self.supervised_tokens) / elapsed
             if self.has_documents:
                 metrics["perf/documents_per_row"] = float(self.documents) / self.samples
-        if flops_per_batch:
-            flops_per_s = flops_per_batch * self.batches / elapsed
+        if self.has_flops:
+            flops_per_s = float(self.flops) / elapsed
             metrics["perf/flops_per_s"] = flops_per_s
             if peak:
                 metrics["perf/mfu"] = flops_per_s / peak

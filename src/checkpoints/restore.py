@@ -28,6 +28,13 @@ log = logging.getLogger(__name__)
 
 # Arguments only training uses: a model class that requires one is given None for inference.
 TRAINING_ONLY = ("optimizer", "scheduler")
+# What a checkpoint's config may name as a `_target_`: a class of the template or of these
+# libraries (or any of their callables as a `_partial_`, which restoring never calls), and
+# get_object, which only looks a value up. A checkpoint loads weights-only, yet its config is
+# data that names code: without this, `{_target_: builtins.open, ...}` would run on restore.
+# Add your own package here if its models or datamodules live outside src/.
+TRUSTED_PREFIXES = ("src.", "torch.optim.", "torchvision.transforms.")
+TRUSTED_TARGETS = ("hydra.utils.get_object",)
 _ABSENT = object()
 
 
@@ -54,6 +61,8 @@ def restore(ckpt_path: str | Path, overrides: Sequence[str] = ()) -> Restored:
             f"checkpoint written by train.py (e.g. <run dir>/checkpoints/last.ckpt)."
         )
     config = apply_overrides(OmegaConf.create(stored["config"]), overrides)
+    for group in ("model", "data"):
+        check_targets(OmegaConf.to_container(config[group]), f"{ckpt_path}: {group}")
     model = hydra.utils.instantiate(inference_node(config.model, ckpt_path))
     if problems := describe_mismatch(model.state_dict(), checkpoint["state_dict"]):
         raise CheckpointError(
@@ -66,6 +75,33 @@ def restore(ckpt_path: str | Path, overrides: Sequence[str] = ()) -> Restored:
     datamodule.load_state_dict(checkpoint.get(type(datamodule).__qualname__, {}))
     tokenizer = datamodule.tokenizer if isinstance(datamodule, TokenizedData) else None
     return Restored(config, model.eval(), datamodule, tokenizer, checkpoint)
+
+
+def check_targets(node: Any, where: str) -> None:
+    """Refuse a config that names something other than a trusted class to build (see
+    TRUSTED_PREFIXES), checking the name before anything is imported."""
+    if isinstance(node, list):
+        for item in node:
+            check_targets(item, where)
+        return
+    if not isinstance(node, dict):
+        return
+    target = node.get("_target_")
+    if target is not None:
+        trusted = target in TRUSTED_TARGETS or (
+            isinstance(target, str) and target.startswith(TRUSTED_PREFIXES)
+        )
+        if trusted and target not in TRUSTED_TARGETS and not node.get("_partial_"):
+            trusted = inspect.isclass(hydra.utils.get_object(target))
+        if not trusted:
+            raise CheckpointError(
+                f"Refusing to restore {where}: its config names {target!r} to build, which is "
+                f"not a class of the template ({', '.join(TRUSTED_PREFIXES)}). A checkpoint's "
+                f"config could otherwise run any code; if you wrote it, add the package to "
+                f"TRUSTED_PREFIXES in src/checkpoints/restore.py."
+            )
+    for value in node.values():
+        check_targets(value, where)
 
 
 def apply_overrides(config: DictConfig, overrides: Sequence[str]) -> DictConfig:

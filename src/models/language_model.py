@@ -73,10 +73,30 @@ class LanguageModel(OptimizedModule):
         """Shard the decoder layers under FSDP2 (`trainer=model_parallel`); a no-op otherwise."""
         shard_decoder_layers(self.net, self.device_mesh)
 
-    def flops_per_batch(self, batch: dict[str, torch.Tensor]) -> float:
-        """Training FLOPs of a batch, per token slot (what the Throughput callback's MFU uses)."""
+    def flops_per_batch(self, batch: dict[str, torch.Tensor]) -> float | torch.Tensor:
+        """Training FLOPs of a batch (what the Throughput callback's MFU adds up).
+
+        Padded rows attend over the whole row. Packed rows (`document_lengths` [B, D]) attend
+        within each document, so the dense part is counted per token slot and the attention
+        part per document, over its own length: a 0-d tensor on the batch's device, so that
+        counting never waits for it.
+        """
         rows, length = batch["input_ids"].shape
-        return rows * length * self.net.flops_per_token(length)
+        per_token = self.net.flops_per_token(length)
+        if "document_lengths" not in batch:
+            return rows * length * per_token
+        # An n-token document has n (n + 1) / 2 causal query-key pairs.
+        per_pair = self.net.attention_flops_per_pair()
+        dense_per_token = per_token - per_pair * (length + 1) / 2
+        lengths = batch["document_lengths"]
+        # As in the packed attention's cu_seqlens, each row's last document absorbs its padding.
+        last = ((lengths > 0).sum(1) - 1).clamp_min(0)
+        padding = length - lengths.sum(1)
+        segments = lengths.scatter_add(1, last[:, None], padding[:, None])
+        pairs = (segments * (segments + 1) // 2).sum()  # exact in int64
+        # float64 so that long sums of ~1e13 per batch stay exact; MPS has no float64.
+        dtype = torch.float32 if pairs.device.type == "mps" else torch.float64
+        return rows * length * dense_per_token + per_pair * pairs.to(dtype)
 
     @property
     def vocab_size(self) -> int:

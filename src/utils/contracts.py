@@ -37,7 +37,7 @@ class Tokenizer(Protocol):
 class CountsFlops(Protocol):
     """A model that knows its training FLOPs per batch (the Throughput callback's MFU)."""
 
-    def flops_per_batch(self, batch: Any) -> float: ...
+    def flops_per_batch(self, batch: Any) -> Any: ...  # a float, or a 0-d tensor (no sync)
 
 
 @runtime_checkable

@@ -9,12 +9,8 @@ from torch import nn
 
 from src.models.qwen.boundaries import DocumentBoundaries
 from src.models.qwen.config import QwenConfig
+from src.models.qwen.kernels import varlen_attn
 from src.models.qwen.layers import RMSNorm, ZeroCentredRMSNorm, apply_rotary
-
-try:  # FlashAttention's varlen kernel as shipped in PyTorch (CUDA, fp16/bf16)
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # older PyTorch
-    varlen_attn = None
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +137,8 @@ class Attention(nn.Module):
 
 def _varlen_dtype(q: torch.Tensor) -> torch.dtype | None:
     """The half precision to run FlashAttention's varlen kernel in, or None where it cannot run
-    (no CUDA, or fp32 outside autocast; the kernel is not autocast-aware itself)."""
+    (no CUDA, fp32 outside autocast since the kernel is not autocast-aware itself, or a PyTorch
+    whose varlen_attn lacks the arguments used here: see `kernels.usable_varlen_attn`)."""
     if varlen_attn is None or not q.is_cuda:
         return None
     if torch.is_autocast_enabled("cuda"):

@@ -12,10 +12,14 @@ class DocumentBoundaries:
 
     `cu_seqlens` [N + 1] holds the offsets of the N documents in the flattened B*T tokens, from 0 to
     B*T, every row start included (so no document spans two rows), as FlashAttention's varlen
-    kernels take it.
+    kernels take it. flash-linear-attention takes them as int64, with a host copy that spares
+    it a device sync, and caches what it derives from them by tensor identity: the one copy of
+    each here, made once per forward pass, serves every layer.
     """
 
     cu_seqlens: torch.Tensor  # [N + 1] int32
+    cu_seqlens_long: torch.Tensor  # [N + 1] int64, the same offsets as flash-linear-attention takes
+    cu_seqlens_cpu: torch.Tensor  # [N + 1] int64 on the host
     starts: torch.Tensor  # [B, T] bool, True at the first token of each document
     position_in_document: torch.Tensor  # [B, T] long, 0 at each document start
     document_ids: torch.Tensor  # [B, T] long, unique across the whole batch
@@ -38,13 +42,16 @@ class DocumentBoundaries:
         device = cu_seqlens.device
         total = batch * length
         starts = torch.zeros(total, dtype=torch.bool, device=device)
-        starts[cu_seqlens[:-1].long()] = True
+        cu_seqlens_long = cu_seqlens.long()
+        starts[cu_seqlens_long[:-1]] = True
         document_ids = starts.cumsum(0) - 1  # [B*T], 0-based
-        first_token = cu_seqlens.long()[document_ids]
+        first_token = cu_seqlens_long[document_ids]
         position = torch.arange(total, device=device) - first_token
         lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
         return cls(
             cu_seqlens=cu_seqlens.to(torch.int32),
+            cu_seqlens_long=cu_seqlens_long,
+            cu_seqlens_cpu=torch.tensor(offsets, dtype=torch.long),  # from the values read above
             starts=starts.view(batch, length),
             position_in_document=position.view(batch, length),
             document_ids=document_ids.view(batch, length),

@@ -8,8 +8,10 @@ Per (batch, value head) a state S [d_k, d_v] is updated at each token t:
     o_t = S^T q_t                        read after the update
 
 q and k arrive L2-normalised (q also scaled by d_k^-0.5); each key head may serve several
-value heads (H a multiple of H_k). Everything runs in fp32. `starts` [B, T] marks document
-starts in packed rows: there S restarts at zero, as if exp(g) were 0.
+value heads (H a multiple of H_k). Everything runs in fp32, since a low-precision state drifts
+along the sequence; o comes back in v's dtype (as transformers returns it), so that the layers
+after it see the model's own precision, and S stays fp32 for the next step. `starts` [B, T]
+marks document starts in packed rows: there S restarts at zero, as if exp(g) were 0.
 """
 
 import torch
@@ -26,6 +28,8 @@ def recurrent_gated_delta_rule(
     q, k [B, T, H_k, d_k]; v [B, T, H, d_v]; g, beta [B, T, H], where key head i serves value
     heads i*H/H_k ... (i+1)*H/H_k - 1 -> (o [B, T, H, d_v], final S [B, H, d_k, d_v]).
     """
+    out_dtype = v.dtype
+    q, k, v, g, beta = (t.float() for t in (q, k, v, g, beta))
     per_key_head = v.shape[2] // k.shape[2]
     q, k = q.repeat_interleave(per_key_head, 2), k.repeat_interleave(per_key_head, 2)
     batch, length, heads, key_dim = k.shape
@@ -40,7 +44,7 @@ def recurrent_gated_delta_rule(
         update = beta[:, t, :, None] * (v[:, t] - prediction)  # [B, H, d_v]
         state = state + k[:, t, :, :, None] * update[:, :, None, :]
         outputs.append(torch.einsum("bhkv,bhk->bhv", state, q[:, t]))
-    return torch.stack(outputs, dim=1), state
+    return torch.stack(outputs, dim=1).to(out_dtype), state
 
 
 def chunk_gated_delta_rule(
@@ -65,6 +69,7 @@ def chunk_gated_delta_rule(
     """
     batch, length, key_heads, key_dim = k.shape
     heads, value_dim = v.shape[2:]
+    out_dtype = v.dtype
     size = chunk_size
     chunks = -(-length // size)
 
@@ -118,7 +123,8 @@ def chunk_gated_delta_rule(
     incoming, corrections = torch.stack(incoming, dim=-3), torch.stack(corrections, dim=-3)
     out = q_reading_state @ incoming + block_attention @ corrections  # [.., N, C, d_v]
     out = out.reshape(batch, heads, chunks * size, value_dim)[:, :, :length]
-    return out.transpose(1, 2), state.reshape(batch, heads, key_dim, value_dim)
+    out = out.transpose(1, 2).to(out_dtype)
+    return out, state.reshape(batch, heads, key_dim, value_dim)
 
 
 def _exp_decay(log_decay: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """Gated DeltaNet, Qwen3-Next's linear-attention layer, with the short convolution before it.
 
 On a GPU, with `flash-linear-attention` and `causal-conv1d` installed, the chunked recurrence
-and the convolution run as their fused kernels (given the document boundaries); everywhere else
-they run as the pure PyTorch code of `delta_rule.py` and `ShortConvolution`, which honours the
-same boundaries.
+and the convolution run as their fused kernels (given the document boundaries; `choose_kernels`
+decides); everywhere else they run as the pure PyTorch code of `delta_rule.py` and
+`ShortConvolution`, which honours the same boundaries.
 """
 
 import logging
@@ -16,16 +16,13 @@ from torch import nn
 from src.models.qwen.boundaries import DocumentBoundaries
 from src.models.qwen.config import QwenConfig
 from src.models.qwen.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from src.models.qwen.kernels import (
+    causal_conv1d_fits,
+    causal_conv1d_fn,
+    fla_chunk_gated_delta_rule,
+    takes_keywords,
+)
 from src.models.qwen.layers import GatedRMSNorm
-
-try:
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule
-except ImportError:
-    fla_chunk_gated_delta_rule = None
-try:
-    from causal_conv1d import causal_conv1d_fn
-except ImportError:
-    causal_conv1d_fn = None
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +46,10 @@ class ShortConvolution(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(channels, 1, kernel_size))
 
+    @property
+    def kernel_size(self) -> int:
+        return self.weight.shape[-1]
+
     def forward(
         self,
         x: torch.Tensor,
@@ -67,7 +68,7 @@ class ShortConvolution(nn.Module):
                 x.transpose(1, 2), weight, seq_idx=document_ids, activation="silu"
             )
             return out.transpose(1, 2)
-        kernel_size = self.weight.shape[-1]
+        kernel_size = self.kernel_size
         batch, length, channels = x.shape
         history = None if cache is None else cache.conv
         if history is None:
@@ -130,12 +131,8 @@ class GatedDeltaNet(nn.Module):
         boundaries: DocumentBoundaries | None = None,
         cache: DeltaNetCache | None = None,
     ) -> torch.Tensor:
-        conv_channels = 2 * self.key_dim + self.value_dim
-        widths = (conv_channels, self.value_dim, self.num_value_heads, self.num_value_heads)
-        qkv, z, b, a = F.linear(x, self._stacked_input_weight()).split(widths, dim=-1)
-        on_gpu = cache is None and qkv.is_cuda and qkv.dtype in (torch.float16, torch.bfloat16)
-        conv_kernel = on_gpu and causal_conv1d_fn is not None
-        rule_kernel = on_gpu and fla_chunk_gated_delta_rule is not None
+        qkv, z, b, a = self._project(x)
+        conv_kernel, rule_kernel = choose_kernels(qkv, self.conv1d.kernel_size, cache is not None)
         self._log_path(conv_kernel, rule_kernel, decoding=cache is not None)
         q, k, v = self.conv1d(qkv, boundaries, cache, conv_kernel).split(
             (self.key_dim, self.key_dim, self.value_dim), dim=-1
@@ -151,6 +148,13 @@ class GatedDeltaNet(nn.Module):
             o = self._torch_delta_rule(q, k, v, g, beta, boundaries, cache)
         z = z.unflatten(-1, (self.num_value_heads, self.value_head_dim))
         return self.out_proj(self.norm(o, z).flatten(2))  # o, z [B, T, value_heads, d_v]
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The convolution's input [q; k; v] [B, T, 2*key_dim + value_dim], then z [B, T,
+        value_dim], b and a [B, T, value_heads]: views of one matmul's output."""
+        conv_channels = 2 * self.key_dim + self.value_dim
+        widths = (conv_channels, self.value_dim, self.num_value_heads, self.num_value_heads)
+        return F.linear(x, self._stacked_input_weight()).split(widths, dim=-1)
 
     def _stacked_input_weight(self) -> torch.Tensor:
         """in_proj_qkvz and in_proj_ba as one weight whose rows give [q | k | v | z | b | a], each
@@ -191,13 +195,17 @@ class GatedDeltaNet(nn.Module):
         batch, length = q.shape[:2]
         per_key_head = self.num_value_heads // self.num_key_heads  # older fla needs equal heads
         q, k = q.repeat_interleave(per_key_head, dim=2), k.repeat_interleave(per_key_head, dim=2)
-        cu_seqlens = None
+        offsets = {}
         if boundaries is not None:  # fla takes packed documents as one row
             q, k, v, g, beta = (t.flatten(0, 1)[None] for t in (q, k, v, g, beta))
-            cu_seqlens = boundaries.cu_seqlens.long()
+            offsets["cu_seqlens"] = boundaries.cu_seqlens_long
+            # fla caches its chunk indices by tensor identity: the same tensors in every layer
+            # reuse them, and the host copy spares the sync that computes them.
+            if takes_keywords(fla_chunk_gated_delta_rule, "cu_seqlens_cpu"):
+                offsets["cu_seqlens_cpu"] = boundaries.cu_seqlens_cpu
         o, _ = fla_chunk_gated_delta_rule(
             q, k, v, g, beta,
-            scale=self.key_head_dim**-0.5, use_qk_l2norm_in_kernel=True, cu_seqlens=cu_seqlens,
+            scale=self.key_head_dim**-0.5, use_qk_l2norm_in_kernel=True, **offsets,
         )  # fmt: skip
         return o.view(batch, length, *o.shape[2:])
 
@@ -215,6 +223,18 @@ class GatedDeltaNet(nn.Module):
         if path != self._logged_path:
             log.info("Layer %d Gated DeltaNet: %s", self.layer_index, path)
             self._logged_path = path
+
+
+def choose_kernels(qkv: torch.Tensor, kernel_size: int, decoding: bool) -> tuple[bool, bool]:
+    """Whether causal-conv1d and flash-linear-attention's chunk kernel run this forward pass.
+
+    Both need CUDA in fp16/bf16 and a whole sequence (decoding steps carry a cache they cannot
+    read); the convolution kernel also needs a shape it supports, checked (and a misfit logged)
+    by `kernels.causal_conv1d_fits`.
+    """
+    on_gpu = not decoding and qkv.is_cuda and qkv.dtype in (torch.float16, torch.bfloat16)
+    conv = on_gpu and causal_conv1d_fn is not None and causal_conv1d_fits(qkv, kernel_size)
+    return conv, on_gpu and fla_chunk_gated_delta_rule is not None
 
 
 def _l2_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

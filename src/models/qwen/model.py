@@ -155,15 +155,23 @@ class QwenLM(nn.Module):
         """
         c = self.config
         matmul_weights = self.num_parameters(exclude_embeddings=True) + c.vocab_size * c.hidden_size
-        mixing = 0.0
+        # Attention: each token attends to (seq_len + 1) / 2 keys on average.
+        mixing = self.attention_flops_per_pair(training=False) * (seq_len + 1) / 2
         for layer_type in c.layer_types:
-            if layer_type == "full_attention":  # q.k and p.v over the causal context
-                mixing += 2 * 2 * c.num_attention_heads * c.head_dim * (seq_len + 1) / 2
-            else:  # per value head: C x C block products, d_k x d_v state products
+            if layer_type != "full_attention":  # per value head: C x C blocks, d_k x d_v states
                 d_k, d_v = c.linear_key_head_dim, c.linear_value_head_dim
                 per_head = c.linear_chunk_size * (5 * d_k + 3 * d_v) + 6 * d_k * d_v
                 mixing += c.linear_num_value_heads * per_head
         forward = 2 * matmul_weights + mixing
+        return 3 * forward if training else forward
+
+    def attention_flops_per_pair(self, training: bool = True) -> float:
+        """FLOPs of one causal (query, key) pair over all full-attention layers: q.k and p.v,
+        2 x 2 x heads x head_dim each (3x for training). The only part of `flops_per_token`
+        that grows with the length attended over."""
+        c = self.config
+        full_layers = sum(layer_type == "full_attention" for layer_type in c.layer_types)
+        forward = 2 * 2 * c.num_attention_heads * c.head_dim * full_layers
         return 3 * forward if training else forward
 
     @torch.no_grad()

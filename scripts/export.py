@@ -13,9 +13,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from src.checkpoints.restore import restore
-from src.checkpoints.weights import network_state_dict, save_weights
+from src.checkpoints.weights import save_weights
 from src.run.app import hydra_app
 from src.utils.errors import ConfigError
+from src.utils.weights import network_state_dict
 
 log = logging.getLogger(__name__)
 FILENAMES = {"safetensors": "model.safetensors", "state_dict": "model.pt"}

@@ -12,9 +12,10 @@ import torch
 from PIL import Image
 
 from src.checkpoints import io as checkpoint_io
-from src.checkpoints.io import load_checkpoint, save_atomically
+from src.checkpoints.io import save_atomically
 from src.checkpoints.restore import restore
 from src.utils.errors import CheckpointError
+from src.utils.weights import load_checkpoint
 from tests.helpers import FAST, ROOT, run_script, run_train
 
 

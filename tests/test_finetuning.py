@@ -6,9 +6,9 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from src.checkpoints.weights import load_network_weights, read_weights
 from src.models.cnn import CNN
 from src.utils.errors import CheckpointError
+from src.utils.weights import load_network_weights, read_weights
 from tests.helpers import (
     FAST,
     TINY_LM,

@@ -10,8 +10,7 @@ from tests.helpers import ROOT
 # package of its own layer or of a higher one.
 LAYERS = (
     ("src.utils",),
-    ("src.checkpoints",),
-    ("src.models", "src.data", "src.callbacks"),
+    ("src.models", "src.data", "src.callbacks", "src.checkpoints"),
     ("src.run",),
 )
 ENTRY_POINTS = ("train.py", "eval.py", "predict.py", "scripts")
@@ -106,4 +105,6 @@ def test_the_check_finds_an_upward_import(tmp_path):
     assert violations(module, "src.models") == ["src.run.trainer"]
     module.write_text("from src.utils.errors import ConfigError\nfrom src import data\n")
     assert violations(module, "src.models") == ["src.data"]
+    module.write_text("from src.checkpoints.io import save_atomically\n")
+    assert violations(module, "src.models") == ["src.checkpoints.io"]
     assert violations(module, "src.run") == []

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from src.callbacks.lr_find import LRFinder
-from src.checkpoints.io import load_checkpoint
 from src.run.trainer import build_trainer
+from src.utils.weights import load_checkpoint
 from tests.helpers import FAST, compose_config
 from train import train
 

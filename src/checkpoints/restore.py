@@ -19,10 +19,9 @@ from hydra.errors import HydraException
 from lightning.pytorch import LightningDataModule, LightningModule
 from omegaconf import DictConfig, OmegaConf
 
-from src.checkpoints.io import load_checkpoint
-from src.checkpoints.weights import describe_mismatch
 from src.utils.contracts import TokenizedData, Tokenizer
 from src.utils.errors import CheckpointError, ConfigError
+from src.utils.weights import describe_mismatch, load_checkpoint
 
 log = logging.getLogger(__name__)
 

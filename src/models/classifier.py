@@ -7,9 +7,9 @@ from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
-from src.checkpoints.weights import load_network_weights
 from src.models.optimization import OptimizedModule, OptimizerFactory
 from src.utils.lightning import is_logging_step
+from src.utils.weights import load_network_weights
 
 STAGES = ("train", "val", "test")
 
@@ -21,7 +21,7 @@ class ImageClassifier(OptimizedModule):
     parameters, all in one group. `scheduler` is Lightning's lr-scheduler dict whose `scheduler`
     entry is a partial called with the optimizer, e.g. `{"scheduler": partial(CosineAnnealingLR,
     T_max=10), "interval": "epoch"}` (`src/models/optimization.py`). `pretrained` starts the
-    network from a weights file (see `src/checkpoints/weights.py`). Only plain values reach the
+    network from a weights file (see `src/utils/weights.py`). Only plain values reach the
     checkpoint's hyperparameters, so checkpoints load with `torch.load(..., weights_only=True)`.
     """
 

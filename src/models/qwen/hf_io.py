@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from src.checkpoints.weights import describe_mismatch
 from src.models.qwen.config import QwenConfig
 from src.utils.errors import CheckpointError, ConfigError, MissingFileError
+from src.utils.weights import describe_mismatch
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen3_next": "Qwen3NextForCausalLM"}
 

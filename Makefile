@@ -5,8 +5,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
-.PHONY: help install check-env kernel tensorboard train test test-slow test-all bench lint format \
-	clean clean-logs
+.PHONY: help install check-env kernel tensorboard train test test-slow test-kernels test-all bench \
+	lint format clean clean-logs
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -14,10 +14,10 @@ help: ## Show this help
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[dev,loggers]"
+	$(PY) -m pip install --quiet -e ".[dev,loggers,eval]"
 	touch $(STAMP)
 
-install: $(STAMP) ## Create .venv/ and install the project (editable) with its dev and loggers extras
+install: $(STAMP) ## Create .venv/ and install the project (editable) with its dev, loggers and eval extras
 
 check-env: $(STAMP) ## Print versions, GPUs, CPU bf16 support and the trainer/precision to use
 	$(PY) scripts/check_env.py
@@ -36,6 +36,9 @@ test: $(STAMP) ## Run the fast test suite (under 5 minutes on 2 cores)
 
 test-slow: $(STAMP) ## Run only the slow tests (real data, longer training)
 	$(PY) -m pytest -m slow $(ARGS)
+
+test-kernels: $(STAMP) ## Run the GPU kernels on CPU through Triton's interpreter
+	$(PY) -m pytest -m kernels $(ARGS)
 
 test-all: $(STAMP) ## Run every test
 	$(PY) -m pytest $(ARGS)

@@ -6,19 +6,17 @@ objects Hydra builds: datamodule, model, callbacks, loggers and Trainer; fit, te
 
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import hydra
 import lightning as L
-from lightning.pytorch import LightningModule
 from omegaconf import DictConfig
 
-from src.checkpoints.weights import check_checkpoint_fits
 from src.run.app import hydra_app
 from src.run.config_checks import check_config_types
 from src.run.lr_scaling import apply_lr_scaling
 from src.run.outputs import finish_run
+from src.run.resume import checked_ckpt_path
 from src.run.trainer import (
     build_trainer,
     check_launch,
@@ -26,24 +24,8 @@ from src.run.trainer import (
     run_overrides,
     was_preempted,
 )
-from src.utils.errors import MissingFileError
 
 log = logging.getLogger(__name__)
-
-
-def checked_ckpt_path(ckpt_path: str | None, model: LightningModule) -> str | None:
-    """`ckpt_path` as given, after checking that a path (not Lightning's "last") exists and
-    holds a checkpoint of this model."""
-    if ckpt_path is None or ckpt_path == "last":
-        return ckpt_path
-    if Path(ckpt_path).is_file():
-        check_checkpoint_fits(model, ckpt_path)
-        return ckpt_path
-    raise MissingFileError(
-        f"ckpt_path={ckpt_path!r} does not exist. Pass a checkpoint file (e.g. "
-        f"logs/train/runs/<run>/checkpoints/last.ckpt) or ckpt_path=last to resume from the "
-        f"newest checkpoint of this run directory (set hydra.run.dir to reuse one)."
-    )
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
@@ -60,9 +42,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer = build_trainer(cfg, run_config=(plain_config(cfg), run_overrides()))
 
     if cfg.get("train"):
-        trainer.fit(
-            model, datamodule=datamodule, ckpt_path=checked_ckpt_path(cfg.get("ckpt_path"), model)
-        )
+        ckpt_path = checked_ckpt_path(cfg.get("ckpt_path"), trainer, model)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
     metrics = dict(trainer.callback_metrics)
     preempted = was_preempted(trainer)
 

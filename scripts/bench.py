@@ -12,7 +12,9 @@
    over twice one's, and the strategy's overhead per step.
 5. fsdp (only when asked for; needs a CUDA GPU): the Qwen3-0.6B config on one GPU, packed
    text, trainer=ddp vs trainer=fsdp, and FSDP recomputing each decoder layer's activations:
-   tokens/s and peak GPU memory.
+   tokens/s and peak GPU memory. On one GPU FSDP has nothing to shard across and runs
+   NO_SHARD, so this measures its wrapping, precision and recomputation costs, not sharding.
+   One run per arm by default (about 3 minutes on an H200); `--lm-repeats 3` for medians.
 
 Each case alternates its arms `--repeats` times and reports medians of steady-state rates
 (warm-up steps excluded); cold start is reported separately. Usage:
@@ -279,6 +281,12 @@ FSDP_ARMS = {
 }
 
 
+FSDP_ONE_DEVICE_NOTE = (
+    "one device: FSDP runs NO_SHARD (FULL_SHARD needs 2+ GPUs), so fsdp vs ddp measures "
+    "FSDP's wrapping, bf16 parameters and recomputation, not sharding"
+)
+
+
 def lm_overrides(model: str, batch_size: int, seq_len: int, warmup: int, steps: int) -> list[str]:
     """train.py's overrides for `warmup + steps` steps of the packed-text LM on one device,
     without validation, test or checkpoints (a 0.6B checkpoint takes longer than the steps)."""
@@ -314,7 +322,7 @@ def bench_fsdp(args, work: Path) -> list[dict]:
     if not torch.cuda.is_available():
         raise SystemExit("The fsdp case needs a CUDA GPU (Lightning runs FSDP on CUDA only).")
     runs = {arm: [] for arm in FSDP_ARMS}
-    for repeat in range(args.repeats):
+    for repeat in range(args.lm_repeats):
         for index, (arm, strategy) in enumerate(FSDP_ARMS.items()):
             metrics = train_process([*overrides, *strategy], work / f"fsdp_{repeat}_{index}")
             runs[arm].append(
@@ -329,6 +337,7 @@ def bench_fsdp(args, work: Path) -> list[dict]:
         arm: max(r["peak_memory_gib"] for r in rs) for arm, rs in runs.items()
     }
     row["tokens_per_step"] = args.lm_batch_size * args.seq_len
+    row["note"] = FSDP_ONE_DEVICE_NOTE
     return [row]
 
 
@@ -375,6 +384,8 @@ def print_table(rows: list[dict]) -> None:
         if "peak_memory_gib" in row:
             memory = ", ".join(f"{arm} {gib:.1f}" for arm, gib in row["peak_memory_gib"].items())
             print(f"{'':<18} peak GPU memory (GiB): {memory}")
+        if "note" in row:
+            print(f"{'':<18} {row['note']}")
         if "scaling_efficiency" in row:
             print(
                 f"{'':<18} scaling efficiency {row['scaling_efficiency']:.0%} per core, "
@@ -394,6 +405,7 @@ def parse_args(argv=None):
     parser.add_argument("--lm-batch-size", type=int, default=8, help="fsdp: rows per step")
     parser.add_argument("--seq-len", type=int, default=2048, help="fsdp: tokens per row")
     parser.add_argument("--lm-steps", type=int, default=30, help="fsdp: timed steps per run")
+    parser.add_argument("--lm-repeats", type=int, default=1, help="fsdp: runs per arm")
     parser.add_argument("--out", type=Path, default=ROOT / "logs" / "bench" / "bench.json")
     args = parser.parse_args(argv)
     if args.quick:

@@ -1,7 +1,11 @@
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
+from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
 from tests.helpers import write_image_folder, write_mnist
+
+# Before anything imports transformers' Qwen3-Next (the reference of the parity tests).
+use_pytorch_kernels_in_transformers()
 
 
 @pytest.fixture(autouse=True)

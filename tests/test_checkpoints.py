@@ -50,6 +50,7 @@ def test_a_pickled_payload_is_refused_and_never_runs(malicious_checkpoint):
 ENTRY_POINTS = {
     "eval": ("eval.py", ["ckpt_path={ckpt}"]),
     "train-resume": ("train.py", ["ckpt_path={ckpt}"]),
+    "train-resume-last": ("train.py", ["ckpt_path=last"]),  # {ckpt} is the run's last.ckpt
     "predict": ("predict.py", ["ckpt_path={ckpt}", "input={image}"]),
     "generate": ("scripts/generate.py", ["--ckpt", "{ckpt}"]),
     "export": ("scripts/export.py", ["ckpt_path={ckpt}"]),
@@ -66,6 +67,9 @@ def test_the_entry_points_refuse_a_malicious_checkpoint(
     path, marker = malicious_checkpoint
     if entry_point.endswith("-pt"):
         path = path.rename(path.with_suffix(".pt"))
+    if entry_point.endswith("-last"):  # where ckpt_path=last looks: Lightning would unpickle it
+        (tmp_path / "run" / "checkpoints").mkdir(parents=True)
+        path = path.rename(tmp_path / "run" / "checkpoints" / "last.ckpt")
     image = tmp_path / "digit.png"
     Image.new("L", (28, 28)).save(image)
     script, template = ENTRY_POINTS[entry_point]

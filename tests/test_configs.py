@@ -1,5 +1,7 @@
 """Every option of every config group composes, type-checks and builds."""
 
+import subprocess
+
 import hydra
 import pytest
 import torch
@@ -98,3 +100,46 @@ def test_debug_overfit_drives_training_accuracy_up_on_a_few_batches(tmp_path):
 def test_example_experiment_trains(tmp_path):
     record = train(compose_config(tmp_path, ["experiment=example", *FAST, "trainer.max_epochs=2"]))
     assert record["metrics"]["test/acc"] > 0.5
+
+
+def write_local_settings(folder, text: str) -> str:
+    """A config folder holding local/default.yaml, as the override that adds it to the search
+    path: the same file a user keeps in conf/local/, without writing into the tree."""
+    (folder / "local").mkdir(parents=True)
+    (folder / "local" / "default.yaml").write_text("# @package _global_\n" + text)
+    return f"hydra.searchpath=[file://{folder}]"
+
+
+@pytest.mark.parametrize("config_name", ["train", "eval", "predict", "export"])
+def test_local_settings_are_loaded_when_present_and_the_command_line_still_wins(
+    tmp_path, config_name
+):
+    searchpath = write_local_settings(tmp_path / "extra", "paths:\n  data_dir: /mnt/corpora\n")
+    required = [] if config_name == "train" else ["ckpt_path=x.ckpt"]
+    required += ["input=x.png"] if config_name == "predict" else []
+    without = compose_config(tmp_path / "a", required, config_name)
+    local = compose_config(tmp_path / "b", [*required, searchpath], config_name)
+    winner = compose_config(
+        tmp_path / "c", [*required, searchpath, "paths.data_dir=/d"], config_name
+    )
+
+    assert without.paths.data_dir.endswith("/data")
+    assert local.paths.data_dir == "/mnt/corpora"
+    assert winner.paths.data_dir == "/d"
+
+
+def test_local_settings_override_the_experiment(tmp_path):
+    searchpath = write_local_settings(tmp_path / "extra", "data:\n  num_workers: 3\n")
+    cfg = compose_config(tmp_path / "run", ["experiment=lm_text", searchpath])
+    assert cfg.data.num_workers == 3
+
+
+def test_only_the_example_of_conf_local_is_tracked():
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "conf/local/default.yaml"], cwd=ROOT, check=False
+    )
+    example = subprocess.run(
+        ["git", "check-ignore", "-q", "conf/local/example.yaml"], cwd=ROOT, check=False
+    )
+    assert ignored.returncode == 0, "conf/local/default.yaml must be git-ignored"
+    assert example.returncode == 1, "conf/local/example.yaml must stay tracked"

@@ -127,6 +127,30 @@ def test_cpu_peak_is_measured_once_and_cached(tmp_path, monkeypatch):
     assert calls == [torch.bfloat16] and cache.exists()
 
 
+def test_the_cpu_peak_cache_is_keyed_by_machine_so_another_hosts_probe_is_never_reused(
+    tmp_path, monkeypatch
+):
+    cache = tmp_path / "peak.json"
+    monkeypatch.setattr(peak_flops, "measure_matmul_flops", lambda dtype: 92.6e9)
+    monkeypatch.setattr(peak_flops.platform, "node", lambda: "laptop")
+    assert peak_flops.cpu_peak_flops(torch.float32, cache) == 92.6e9
+    monkeypatch.setattr(peak_flops, "measure_matmul_flops", lambda dtype: 246e9)
+    monkeypatch.setattr(peak_flops.platform, "node", lambda: "workstation")
+    assert peak_flops.cpu_peak_flops(torch.float32, cache) == 246e9  # probed again
+    monkeypatch.setattr(peak_flops.os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(peak_flops, "measure_matmul_flops", lambda dtype: 900e9)
+    assert peak_flops.cpu_peak_flops(torch.float32, cache) == 900e9  # more cores: again
+
+
+def test_an_mfu_above_one_is_never_reported_and_says_which_peak_was_wrong():
+    callback = Throughput(warmup_steps=1, peak_flops=1.0)  # far below any real machine
+    with pytest.warns(UserWarning, match=r"perf/mfu came out at .* above 1: the peak of 0\.0"):
+        fit(TinyLM(), DataLoader(PaddedText(16), batch_size=BATCH), callback, max_epochs=1)
+    summary = callback.summary()
+    assert "perf/mfu" not in summary and summary["perf/flops_per_s"] > 1.0
+    assert all("perf/mfu" not in rates for _, rates in callback.windows)
+
+
 def test_every_run_writes_perf_metrics_to_metrics_json(tmp_path):
     train(
         compose_config(
@@ -143,6 +167,7 @@ def test_every_run_writes_perf_metrics_to_metrics_json(tmp_path):
     assert 0 < metrics["perf/time_to_first_step_s"] < record["wall_time_s"]
     assert 0 < metrics["perf/data_wait_fraction"] < 1
     assert 0 < metrics["perf/mfu"] < 1
+    assert record["mfu_peak"] == {"flops_per_s": 1e11, "source": "callbacks.throughput.peak_flops"}
 
 
 # -- peak FLOP/s of GPUs, by exact device name ----------------------------------------------------
@@ -152,7 +177,8 @@ CUDA = torch.device("cuda", 0)  # never used: the device name is mocked
 
 def peak_of(monkeypatch, name, dtype=torch.bfloat16):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
-    return peak_flops.peak_flops(CUDA, dtype)
+    peak = peak_flops.device_peak(CUDA, dtype)
+    return None if peak is None else peak.flops
 
 
 @pytest.mark.parametrize(
@@ -204,7 +230,7 @@ def test_unknown_gpus_get_no_peak_and_one_info_line(monkeypatch, caplog, name):
 
 
 def test_without_a_peak_mfu_is_left_out_while_flops_are_still_logged(monkeypatch):
-    monkeypatch.setattr(throughput, "peak_flops", lambda device, dtype: None)
+    monkeypatch.setattr(throughput, "device_peak", lambda device, dtype: None)
     callback = Throughput(warmup_steps=1)
     fit(TinyLM(), DataLoader(PaddedText(16), batch_size=BATCH), callback, max_epochs=1)
     summary = callback.summary()

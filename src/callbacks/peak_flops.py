@@ -4,8 +4,9 @@ GPUs: dense (not "with sparsity") datasheet peaks per dtype, looked up by the ex
 since one name can be a prefix of another SKU's (an "H100 PCIe" is not an "H100 SXM"). Devices
 not listed here fall back to Lightning's table, except the families where that table holds sparse
 peaks; a device with no known peak gets no MFU rather than a wrong one. CPUs: no datasheet covers
-them, so the peak is measured once by a short matmul probe and cached per CPU model, thread
-count, dtype and torch version.
+them, so the peak is measured once by a short matmul probe and cached per machine (host, CPU
+model, cores, threads), dtype and torch version: two machines with the same CPU model can differ
+severalfold (shared hosts, power limits), so a probe is never reused on another one.
 """
 
 import json
@@ -14,6 +15,7 @@ import os
 import platform
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -77,21 +79,29 @@ def dtype_of_precision(precision: str | int | None) -> torch.dtype:
     return torch.float32
 
 
-def peak_flops(device: torch.device, dtype: torch.dtype) -> float | None:
+@dataclass(frozen=True)
+class Peak:
+    """A device's peak FLOP/s and where the figure comes from (recorded in metrics.json)."""
+
+    flops: float
+    source: str
+
+
+def device_peak(device: torch.device, dtype: torch.dtype) -> Peak | None:
     """Peak FLOP/s of `device` for matmuls in `dtype`; None (and one info line) when unknown."""
     if device.type == "cpu":
-        return cpu_peak_flops(dtype)
+        return Peak(cpu_peak_flops(dtype), f"matmul probe of {cpu_name()} ({dtype})")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-    peak = None
     if device.type == "cuda":
-        peak = gpu_peak_flops(name, dtype)
-        if peak is None and not any(f in name.lower() for f in _LIGHTNING_SPARSE):
+        if (peak := gpu_peak_flops(name, dtype)) is not None:
+            return Peak(peak, f"{name} datasheet, dense {dtype}")
+        if not any(family in name.lower() for family in _LIGHTNING_SPARSE):
             with warnings.catch_warnings():  # its "FLOPs not found" warning: the line below says it
                 warnings.simplefilter("ignore")
-                peak = get_available_flops(device, dtype)
-    if peak is None:
-        log.info("No peak FLOP/s known for %r in %s: perf/mfu is not logged", name, dtype)
-    return peak
+                if (peak := get_available_flops(device, dtype)) is not None:
+                    return Peak(peak, f"{name}, Lightning's table ({dtype})")
+    log.info("No peak FLOP/s known for %r in %s: perf/mfu is not logged", name, dtype)
+    return None
 
 
 def gpu_peak_flops(name: str, dtype: torch.dtype) -> float | None:
@@ -106,7 +116,10 @@ def gpu_peak_flops(name: str, dtype: torch.dtype) -> float | None:
 
 def cpu_peak_flops(dtype: torch.dtype, cache_file: Path = CACHE_FILE) -> float:
     """Measured CPU matmul peak in FLOP/s, cached on disk after the first measurement."""
-    key = f"{cpu_name()}|threads={torch.get_num_threads()}|{dtype}|torch={torch.__version__}"
+    key = "|".join([
+        platform.node(), cpu_name(), f"cores={os.cpu_count()}",
+        f"threads={torch.get_num_threads()}", str(dtype), f"torch={torch.__version__}",
+    ])  # fmt: skip
     cache = _read_cache(cache_file)
     if key not in cache:
         cache[key] = measure_matmul_flops(dtype)

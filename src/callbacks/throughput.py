@@ -19,10 +19,10 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.flop_counter import FlopCounterMode
 
-from src.callbacks.peak_flops import dtype_of_precision, peak_flops
+from src.callbacks.peak_flops import Peak, device_peak, dtype_of_precision
 from src.utils.contracts import IGNORE_INDEX, CountsFlops
 from src.utils.lightning import is_logging_step
 
@@ -72,7 +72,8 @@ class Throughput(Callback):
     ):
         self.warmup_steps = warmup_steps
         self.step_times: deque[float] = deque(maxlen=window)
-        self.peak_flops = peak_flops
+        given = peak_flops is not None
+        self.peak = Peak(peak_flops, "callbacks.throughput.peak_flops") if given else None
         self.flops_per_sample: float | None = None  # counted once, for modules not CountsFlops
         self.steady = _Totals()
         self.window = _Totals()
@@ -84,15 +85,15 @@ class Throughput(Callback):
         self.effective_batch: dict[str, int] = {}
         self.batches_per_step = 1  # micro-batches x devices per optimizer step
         self.device = torch.device("cpu")
+        self._warned_mfu = False
 
     # -- hooks -------------------------------------------------------------------------------
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._fit_start = time.perf_counter()
         self.device = pl_module.device
-        if self.peak_flops is None:
-            dtype = dtype_of_precision(trainer.precision)
-            self.peak_flops = peak_flops(pl_module.device, dtype)
+        if self.peak is None:
+            self.peak = device_peak(pl_module.device, dtype_of_precision(trainer.precision))
 
     def on_train_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
@@ -127,7 +128,7 @@ class Throughput(Callback):
             self.steady.add(counts, step_time, self._data_wait)
             self.step_times.append(step_time)
         if should_log:
-            metrics = self.window.rates(self.peak_flops, trainer.world_size)
+            metrics = self._without_impossible_mfu(self.window.rates(trainer.world_size))
             self.windows.append((trainer.global_step, metrics))
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
@@ -147,7 +148,7 @@ class Throughput(Callback):
     def summary(self, world_size: int = 1) -> dict[str, float]:
         """Steady-state figures so far (cumulative rates; step-time percentiles in ms)."""
         totals = self.steady if self.steady.batches else self.window
-        metrics = totals.rates(self.peak_flops, world_size)
+        metrics = self._without_impossible_mfu(totals.rates(world_size))
         if self.step_times:
             ordered = sorted(self.step_times)
             metrics["perf/step_time_p50_ms"] = 1e3 * statistics.median(ordered)
@@ -163,6 +164,23 @@ class Throughput(Callback):
             # Weights, gradients, optimizer states and activations at their peak on this GPU.
             metrics["perf/peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         return {**metrics, **self.effective_batch}
+
+    def _without_impossible_mfu(self, metrics: dict[str, float]) -> dict[str, float]:
+        """`metrics` with `perf/mfu` against the peak, unless it exceeds 1: then the peak is wrong
+        (e.g. measured while the machine was busy), and a wrong MFU is worse than none."""
+        if self.peak is None or "perf/flops_per_s" not in metrics:
+            return metrics
+        mfu = metrics["perf/flops_per_s"] / self.peak.flops
+        if mfu <= 1.0:
+            return {**metrics, "perf/mfu": mfu}
+        if not self._warned_mfu:
+            rank_zero_warn(
+                f"perf/mfu came out at {mfu:.2f}, above 1: the peak of "
+                f"{self.peak.flops / 1e9:,.1f} GFLOP/s ({self.peak.source}) is too low for this "
+                f"machine, so MFU is not reported. Set callbacks.throughput.peak_flops=<FLOP/s>."
+            )
+            self._warned_mfu = True
+        return metrics
 
     def _log_effective_batch(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any
@@ -217,7 +235,7 @@ class _Totals:
                 self.has_documents = True
                 self.documents = self.documents + counts["documents"]
 
-    def rates(self, peak: float | None, world_size: int) -> dict[str, float]:
+    def rates(self, world_size: int) -> dict[str, float]:
         """Per-device rates over the span (host time of steps plus the waits between them)."""
         elapsed = self.step_time + self.data_wait
         if not self.batches or elapsed <= 0:
@@ -242,8 +260,6 @@ class _Totals:
         if self.has_flops:
             flops_per_s = float(self.flops) / elapsed
             metrics["perf/flops_per_s"] = flops_per_s
-            if peak:
-                metrics["perf/mfu"] = flops_per_s / peak
         return metrics
 
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from src.callbacks.throughput import Throughput
+from src.utils.files import write_atomically
 from src.utils.lightning import as_number
 
 log = logging.getLogger(__name__)
@@ -20,9 +22,8 @@ def write_metrics(
     """Write `<output_dir>/metrics.json`: {"metrics": {key as logged: value}, **extra}."""
     record = {"metrics": {key: as_number(value) for key, value in sorted(metrics.items())}}
     record.update(extra)
-    path = Path(output_dir) / METRICS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    text = json.dumps(record, indent=2) + "\n"
+    write_atomically(Path(output_dir) / METRICS_FILE, text.encode(), what="metrics")
     return record
 
 
@@ -34,9 +35,19 @@ def finish_run(
     if not trainer.is_global_zero:
         return {}
     wall_time_s = round(time.perf_counter() - start, 3)
+    if (peak := mfu_peak(trainer)) is not None:
+        extra["mfu_peak"] = peak
     record = write_metrics(output_dir, metrics, **extra, wall_time_s=wall_time_s)
     log_summary(record, output_dir)
     return record
+
+
+def mfu_peak(trainer: Any) -> dict[str, Any] | None:
+    """The peak FLOP/s that `perf/mfu` was measured against, and where it comes from."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, Throughput) and callback.peak is not None:
+            return {"flops_per_s": callback.peak.flops, "source": callback.peak.source}
+    return None
 
 
 def log_summary(record: Mapping[str, Any], output_dir: str | Path) -> None:

@@ -1,5 +1,5 @@
 """`logger=mlflow` and `logger=wandb`: the configs compose, and where the package is installed a
-digits run writes its metrics and config inside the run directory."""
+digits run writes its metrics and config inside the run directory. `logger=none` trains too."""
 
 import time
 
@@ -69,3 +69,9 @@ def test_a_logger_whose_extra_is_missing_names_the_install_command(tmp_path, mon
         ConfigError, match=r'mlflow \(MLFlowLogger\) needs a package .* "\.\[loggers\]"'
     ):
         train(cfg)
+
+
+def test_logger_none_trains_with_the_default_callbacks_and_still_writes_metrics(tmp_path):
+    record = train(compose_config(tmp_path, [*RUN, "logger=none"]))
+    assert record["metrics"]["val/acc"] > 0.1  # ten digit classes: above chance
+    assert not list(tmp_path.glob("tensorboard*")) and (tmp_path / "metrics.json").is_file()

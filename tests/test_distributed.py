@@ -183,6 +183,9 @@ def test_training_steps_call_no_collective_beyond_what_the_loss_needs(
         f"+callbacks.count.path={tmp_path / 'collectives'}",
     ]
     run_train([*run, "trainer=ddp_cpu", *counter], tmp_path / "run")
+    # The rank Lightning starts itself logs where the README says, in the pinned directory too.
+    logs = {path.name for path in (tmp_path / "run").glob("*.log")}
+    assert logs == {"train.log", "train_rank1.log"}, logs
     for rank in (0, 1):
         record = json.loads((tmp_path / f"collectives.{rank}.json").read_text())
         assert record["steps"] == steps, f"rank {rank} counted {record['steps']} steps"

@@ -17,7 +17,8 @@ resolvers:
 - one process: the time now, as Hydra's `${now:...}`.
 
 `${rank_zero_only:<value>}` is the value on rank 0 and null on the others (`.hydra/` is saved
-once); `${rank_suffix:}` is `_rank<N>` on ranks other than 0 (each logs to its own file).
+once); `${rank_suffix:}` is `_rank<N>` on ranks other than 0, also those Lightning starts
+itself: each rank logs to its own `<task>_rank<N>.log`.
 
 `hydra.run.dir=...` on the command line replaces the name.
 """
@@ -113,8 +114,16 @@ def rank_zero_only(value: Any) -> Any:
     return value if launch_rank() == 0 else None
 
 
+def process_rank() -> int:
+    """This process's rank: torchrun's or srun's, else the LOCAL_RANK that Lightning gives the
+    processes it starts for `trainer=ddp` on one node (they compose their own config)."""
+    if external_launcher() is not None:
+        return launch_rank()
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
 def rank_suffix() -> str:
-    rank = launch_rank()
+    rank = process_rank()
     return f"_rank{rank}" if rank else ""
 
 

@@ -55,7 +55,7 @@ train() {
     shift
     step "$name" $PY train.py experiment=lm_text trainer.max_steps="$STEPS" \
         trainer.val_check_interval="$STEPS" trainer.limit_val_batches=4 test=false \
-        trainer.enable_progress_bar=false logger=csv hydra.run.dir="$OUT_DIR/$name" "$@"
+        callbacks.rich_progress_bar=null logger=csv hydra.run.dir="$OUT_DIR/$name" "$@"
 }
 
 step facts $PY scripts/check_env.py

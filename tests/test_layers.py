@@ -86,15 +86,17 @@ def test_entry_points_import_no_test_code_and_every_src_package_has_a_layer():
     assert packages == {package for layer in LAYERS for package in layer}
 
 
-def test_tests_share_code_only_through_helpers_and_call_scripts_only_through_main():
+def test_tests_share_code_only_through_support_modules_and_call_scripts_only_through_main():
     for path in sorted((ROOT / "tests").glob("test_*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             if not (isinstance(node, ast.ImportFrom) and node.module):
                 continue
             names = [alias.name for alias in node.names]
-            if node.module.startswith("tests."):
-                assert node.module == "tests.helpers", f"{path.name} imports {node.module}"
+            if node.module.startswith("tests."):  # helpers.py and the like, never a test_*.py
+                assert not node.module.removeprefix("tests.").startswith("test_"), (
+                    f"{path.name} imports the test module {node.module}"
+                )
             if node.module.startswith("scripts."):
                 assert names == ["main"], f"{path.name} imports {names} of {node.module}"
 

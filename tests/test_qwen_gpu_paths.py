@@ -1,17 +1,28 @@
 """The decisions behind QwenLM's fused GPU paths, proved on CPU: half-precision weights, which
-kernel runs for which config and library version, and what reaches the kernels."""
+kernel runs for which config and library version, and what reaches the kernels: the layers'
+kernel branches run against stand-ins that enforce the kernels' contracts."""
 
 import logging
 
 import pytest
 import torch
+import torch.nn.functional as F
 
-from src.models.qwen import attention, deltanet, kernels
-from src.models.qwen.attention import Attention
+from src.models.qwen import QwenLM, deltanet, kernels
+from src.models.qwen.attention import grouped_sdpa, sdpa_expands_kv
 from src.models.qwen.boundaries import DocumentBoundaries
 from src.models.qwen.deltanet import GatedDeltaNet
-from src.models.qwen.kernels import causal_conv1d_fits, causal_conv1d_problem, usable_varlen_attn
+from src.models.qwen.kernels import (
+    PYTORCH,
+    Kernels,
+    causal_conv1d_fits,
+    causal_conv1d_problem,
+    kernels_for,
+    usable_fla_rule,
+    usable_varlen_attn,
+)
 from tests.helpers import max_difference, perturbed_model, tiny_config
+from tests.kernel_doubles import ContractViolation, causal_conv1d_fn, recorded, varlen_attn
 
 # Two rows of 20 tokens holding four documents.
 CU_SEQLENS = torch.tensor([0, 7, 20, 33, 40], dtype=torch.int32)
@@ -69,21 +80,48 @@ def test_a_varlen_attn_without_window_size_or_enable_gqa_is_not_used(caplog):
     assert usable_varlen_attn(None) is None
 
 
-def test_the_varlen_call_passes_a_causal_window_tuple_and_grouped_heads(monkeypatch):
-    calls = []
+def test_an_fla_release_before_0_6_is_not_used(caplog):
+    def rule():
+        pass
 
-    def recording_varlen_attn(*args, **kwargs):
-        calls.append(kwargs)
-        return args[0]
+    with caplog.at_level(logging.WARNING, logger=kernels.__name__):
+        assert usable_fla_rule(rule, "0.5.1") is None, "fla 0.5 was accepted"
+    assert "fla-core>=0.6" in caplog.text, f"the reason was not logged: {caplog.text!r}"
+    assert usable_fla_rule(rule, "0.6.0") is rule and usable_fla_rule(rule, "0.10.0") is rule
 
-    monkeypatch.setattr(attention, "varlen_attn", recording_varlen_attn)
-    layer = Attention(tiny_config("qwen3"), layer_index=0)
-    boundaries = DocumentBoundaries.from_cu_seqlens(CU_SEQLENS, 2, 20)
-    q, k = torch.randn(2, 4, 20, 16), torch.randn(2, 2, 20, 16)
-    layer._attend_varlen(q, k, k, boundaries)
-    window = calls[0]["window_size"]
-    assert window == (-1, 0) and isinstance(window, tuple), f"window_size was {window!r}"
-    assert calls[0]["enable_gqa"] is True, f"enable_gqa was {calls[0]['enable_gqa']!r}"
+
+def test_cpu_inputs_get_pytorch_code_without_importing_the_kernels(monkeypatch):
+    def no_import():
+        raise AssertionError("the installed kernels were imported for a CPU tensor")
+
+    monkeypatch.setattr(kernels, "installed_kernels", no_import)
+    x = torch.randn(2, 3, dtype=torch.bfloat16)
+    assert kernels_for(x, None) is PYTORCH
+    chosen = Kernels(eligible=lambda x: True)
+    assert kernels_for(x, chosen) is chosen, "a model's own kernels were not used"
+
+
+@pytest.mark.parametrize(
+    ("device", "masked", "expands"),
+    [("cuda", True, True), ("cuda", False, False), ("cpu", True, False), ("cpu", False, False)],
+)
+def test_masked_attention_on_cuda_expands_kv_instead_of_grouping(device, masked, expands):
+    assert sdpa_expands_kv(device, masked) is expands, f"{device}, masked={masked}"
+
+
+def test_expanded_and_grouped_kv_give_the_same_attention():
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 20, 16, generator=generator)
+    k, v = torch.randn(2, 2, 2, 26, 16, generator=generator)
+    prefix_mask = torch.ones(20, 26, dtype=torch.bool).tril(6)  # 20 tokens after 6 cached ones
+    packed_mask = DocumentBoundaries.from_cu_seqlens(CU_SEQLENS, 2, 20).attention_mask
+    for mask, is_causal, keys in ((prefix_mask, False, 26), (packed_mask, False, 20),
+                                  (None, True, 20)):  # fmt: skip
+        k_seen, v_seen = k[:, :, :keys], v[:, :, :keys]
+        grouped = grouped_sdpa(q, k_seen, v_seen, mask, is_causal, expand_kv=False)
+        expanded = grouped_sdpa(q, k_seen, v_seen, mask, is_causal, expand_kv=True)
+        difference = max_difference(grouped, expanded)
+        assert difference < 1e-6, f"{keys} keys, causal={is_causal}: differ by {difference}"
 
 
 @pytest.mark.parametrize(
@@ -115,7 +153,7 @@ def test_an_unusable_causal_conv1d_shape_is_logged_once(caplog):
     assert len(caplog.records) == 1, f"logged {len(caplog.records)} times: {caplog.text!r}"
 
 
-def test_every_gated_deltanet_layer_gets_the_same_int64_offsets(monkeypatch):
+def test_every_gated_deltanet_layer_gets_the_same_int64_offsets():
     seen = []
 
     def recording_fla_rule(q, k, v, g, beta, scale, use_qk_l2norm_in_kernel, cu_seqlens=None,
@@ -123,9 +161,8 @@ def test_every_gated_deltanet_layer_gets_the_same_int64_offsets(monkeypatch):
         seen.append((cu_seqlens, cu_seqlens_cpu))
         return torch.zeros_like(v), None
 
-    monkeypatch.setattr(deltanet, "fla_chunk_gated_delta_rule", recording_fla_rule)
-    monkeypatch.setattr(deltanet, "choose_kernels", lambda *args: (False, True))
-    model = perturbed_model(tiny_config("qwen3_next"))
+    fused = Kernels(chunk_gated_delta_rule=recording_fla_rule, eligible=lambda x: True)
+    model = with_kernels(perturbed_model(tiny_config("qwen3_next")), fused)
     with torch.no_grad():
         model(token_ids(), cu_seqlens=CU_SEQLENS)
     assert len(seen) == 3, f"the chunk kernel ran in {len(seen)} layers, not the 3 DeltaNet ones"
@@ -135,3 +172,133 @@ def test_every_gated_deltanet_layer_gets_the_same_int64_offsets(monkeypatch):
     )
     assert first.dtype == torch.int64 and torch.equal(first, CU_SEQLENS.long()), f"got {first}"
     assert first_cpu.device.type == "cpu" and torch.equal(first_cpu, CU_SEQLENS.long())
+
+
+def with_kernels(model: QwenLM, chosen: Kernels | None) -> QwenLM:
+    """A copy of `model` whose layers call `chosen`."""
+    copy = QwenLM(model.config, chosen)
+    copy.load_state_dict(model.state_dict())
+    return copy
+
+
+def logits_and_gradients(model: QwenLM, **inputs) -> tuple[torch.Tensor, dict]:
+    logits = model(token_ids(), **inputs)
+    (logits * torch.linspace(-1, 1, logits.shape[-1])).sum().backward()
+    return logits.detach(), {name: p.grad for name, p in model.named_parameters()}
+
+
+def assert_same_results(expected, actual, where: str) -> None:
+    """Logits within 1e-5, every gradient within 1e-4 relative: the decay gates' (A_log, dt_bias)
+    sum terms of both signs over every token, so reordered rounding reaches 1e-5 there."""
+    (logits, grads), (expected_logits, expected_grads) = actual, expected
+    difference = max_difference(logits, expected_logits)
+    assert difference < 1e-5, f"{where}: logits differ by {difference}"
+    for name, grad in grads.items():
+        error = ((grad - expected_grads[name]).norm() / expected_grads[name].norm()).item()
+        assert error < 1e-4, f"{where}: the gradient of {name} differs by {error:.2e} (relative)"
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["unpacked", "packed"])
+def test_the_kernel_branches_meet_the_kernels_contracts_and_match_pytorch(packed):
+    calls = []
+    stand_ins = Kernels(
+        varlen_attn=recorded("varlen_attn", varlen_attn, calls),
+        causal_conv1d_fn=recorded("causal_conv1d_fn", causal_conv1d_fn, calls),
+        eligible=lambda x: True,
+    )
+    reference = perturbed_model(tiny_config("qwen3_next"))
+    inputs = {"cu_seqlens": CU_SEQLENS} if packed else {}
+    expected = logits_and_gradients(with_kernels(reference, PYTORCH), **inputs)
+    actual = logits_and_gradients(with_kernels(reference, stand_ins), **inputs)
+    assert_same_results(expected, actual, "packed" if packed else "unpacked")
+    # varlen_attn serves packed rows only: one attention layer, after three DeltaNet ones.
+    expected_calls = ["causal_conv1d_fn"] * 3 + (["varlen_attn"] if packed else [])
+    assert calls == expected_calls, f"the kernels called were {calls}"
+
+
+def test_a_convolution_the_kernel_cannot_run_falls_back_to_pytorch():
+    calls = []
+    conv = recorded("causal_conv1d_fn", causal_conv1d_fn, calls)
+    stand_ins = Kernels(causal_conv1d_fn=conv, eligible=lambda x: True)
+    reference = perturbed_model(tiny_config("qwen3_next", linear_value_head_dim=13))  # 84 channels
+    expected = logits_and_gradients(with_kernels(reference, PYTORCH), cu_seqlens=CU_SEQLENS)
+    actual = logits_and_gradients(with_kernels(reference, stand_ins), cu_seqlens=CU_SEQLENS)
+    assert_same_results(expected, actual, "84 channels")
+    assert calls == [], f"causal-conv1d ran on 84 channels: {calls}"
+
+
+def conv_arguments(length=6, width=4) -> dict:
+    """x [2, 16, T] channel-last (a transposed [B, T, channels]), weight, seq_idx, activation."""
+    seq_idx = torch.tensor([[0] * 2 + [1] * (length - 2), [2] * length], dtype=torch.int32)
+    x = torch.randn(2, length, 16).transpose(1, 2)
+    return {"x": x, "weight": torch.randn(16, width), "seq_idx": seq_idx, "activation": "silu"}
+
+
+def varlen_arguments() -> dict:
+    q, k = torch.randn(40, 4, 8), torch.randn(40, 2, 8)
+    return dict(query=q, key=k, value=k, cu_seq_q=CU_SEQLENS, cu_seq_k=CU_SEQLENS, max_q=13,
+                max_k=13, window_size=(-1, 0), enable_gqa=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (lambda a: {"x": a["x"].contiguous()}, "seq_idx is only supported"),  # not channel-last
+        (
+            lambda a: {"x": torch.randn(2, 6, 20).transpose(1, 2), "weight": torch.randn(20, 4)},
+            "multiple of 8",
+        ),  # fmt: skip
+        (lambda a: {"x": torch.randn(2, 6, 20)[..., :16].transpose(1, 2)}, "strides"),
+        (lambda a: {"weight": torch.randn(16, 5)}, "width 5"),
+        (lambda a: {"seq_idx": a["seq_idx"].long()}, "not int32"),
+        (lambda a: {"seq_idx": a["seq_idx"].t().contiguous().t()}, "not contiguous"),
+        (lambda a: {"seq_idx": a["seq_idx"][:1]}, r"seq_idx \[1, 6\]"),
+        (lambda a: {"x": a["x"].double(), "weight": a["weight"].double()}, "float64"),
+    ],
+)
+def test_the_causal_conv1d_stand_in_refuses_what_the_extension_refuses(change, refusal):
+    arguments = conv_arguments()
+    with pytest.raises(ContractViolation, match=refusal):
+        causal_conv1d_fn(**(arguments | change(arguments)))
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (lambda a: {"cu_seq_q": a["cu_seq_q"].long()}, "not int32"),
+        (lambda a: {"cu_seq_k": a["cu_seq_k"].repeat_interleave(2)[::2]}, "contiguous"),
+        (lambda a: {"cu_seq_q": a["cu_seq_q"].to("meta")}, "on meta"),
+        (lambda a: {"query": a["query"][None]}, r"not \[total, heads, d\]"),
+        (lambda a: {"max_q": torch.tensor(13)}, "not an int"),
+        (lambda a: {"max_k": 12}, "below the longest"),
+        (lambda a: {"window_size": [-1, 0]}, "compares a tuple"),
+        (lambda a: {"enable_gqa": False}, "no GQA"),
+    ],
+)
+def test_the_varlen_attn_stand_in_refuses_what_varlen_attn_refuses(change, refusal):
+    arguments = varlen_arguments()
+    with pytest.raises(ContractViolation, match=refusal):
+        varlen_attn(**(arguments | change(arguments)))
+
+
+def test_the_causal_conv1d_stand_in_reads_only_taps_of_the_same_sequence():
+    arguments = conv_arguments(length=5, width=3)
+    x, weight, seq_idx = arguments["x"], arguments["weight"], arguments["seq_idx"]
+    expected = torch.zeros_like(x)
+    for b, t, j in ((b, t, j) for b in range(2) for t in range(5) for j in range(3)):
+        source = t - (2 - j)  # tap j reads token t - (width - 1 - j)
+        if source >= 0 and seq_idx[b, source] == seq_idx[b, t]:
+            expected[b, :, t] += weight[:, j] * x[b, :, source]
+    difference = max_difference(causal_conv1d_fn(**arguments), F.silu(expected))
+    assert difference < 1e-6, f"the convolution differs by {difference}"
+
+
+def test_the_varlen_attn_stand_in_attends_causally_within_each_document():
+    arguments = varlen_arguments()
+    out = varlen_attn(**arguments)
+    offsets = CU_SEQLENS.tolist()
+    for start, end in zip(offsets[:-1], offsets[1:], strict=True):
+        q, k, v = (arguments[name][start:end].transpose(0, 1) for name in ("query", "key", "value"))
+        alone = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        difference = max_difference(out[start:end], alone.transpose(0, 1))
+        assert difference < 1e-6, f"document {start}:{end} differs by {difference}"

@@ -9,7 +9,7 @@ from torch import nn
 
 from src.models.qwen.boundaries import DocumentBoundaries
 from src.models.qwen.config import QwenConfig
-from src.models.qwen.kernels import varlen_attn
+from src.models.qwen.kernels import Kernels, kernels_for
 from src.models.qwen.layers import RMSNorm, ZeroCentredRMSNorm, apply_rotary
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,9 @@ class Attention(nn.Module):
     part of each head.
     """
 
-    def __init__(self, config: QwenConfig, layer_index: int):
+    def __init__(self, config: QwenConfig, layer_index: int, kernels: Kernels | None = None):
         super().__init__()
+        self.kernels = kernels  # None: the installed ones on a GPU (see kernels.kernels_for)
         hidden, bias = config.hidden_size, config.attention_bias
         self.layer_index = layer_index
         self.num_heads = config.num_attention_heads
@@ -96,9 +97,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + mask) v, as [B, T, heads, d]; causal, and within one document
         when `boundaries` are given."""
-        if boundaries is not None and (dtype := _varlen_dtype(q)) is not None:
+        kernels = kernels_for(q, self.kernels)
+        if boundaries is not None and (dtype := _varlen_dtype(q, kernels)) is not None:
             self._log_path("FlashAttention varlen over the packed documents")
-            return self._attend_varlen(q.to(dtype), k.to(dtype), v.to(dtype), boundaries)
+            return self._attend_varlen(
+                kernels.varlen_attn, q.to(dtype), k.to(dtype), v.to(dtype), boundaries
+            )
         length, seen = q.shape[2], k.shape[2]
         mask, is_causal = None, False
         if boundaries is not None:
@@ -109,12 +113,10 @@ class Attention(nn.Module):
             is_causal = True
         elif length > 1:  # new tokens after a cached prefix: query t sees keys up to seen-length+t
             mask = torch.ones(length, seen, dtype=torch.bool, device=q.device).tril(seen - length)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True
-        )
-        return out.transpose(1, 2)
+        expand = sdpa_expands_kv(q.device.type, masked=mask is not None)
+        return grouped_sdpa(q, k, v, mask, is_causal, expand).transpose(1, 2)
 
-    def _attend_varlen(self, q, k, v, boundaries: DocumentBoundaries) -> torch.Tensor:
+    def _attend_varlen(self, varlen_attn, q, k, v, boundaries: DocumentBoundaries) -> torch.Tensor:
         batch, heads, length, head_dim = q.shape
 
         def tokens_first(t: torch.Tensor) -> torch.Tensor:  # [B, h, T, d] -> [B*T, h, d]
@@ -135,12 +137,36 @@ class Attention(nn.Module):
             self._logged_path = path
 
 
-def _varlen_dtype(q: torch.Tensor) -> torch.dtype | None:
-    """The half precision to run FlashAttention's varlen kernel in, or None where it cannot run
-    (no CUDA, fp32 outside autocast since the kernel is not autocast-aware itself, or a PyTorch
-    whose varlen_attn lacks the arguments used here: see `kernels.usable_varlen_attn`)."""
-    if varlen_attn is None or not q.is_cuda:
+def _varlen_dtype(q: torch.Tensor, kernels: Kernels) -> torch.dtype | None:
+    """The precision to run FlashAttention's varlen kernel in (the autocast dtype, since the
+    kernel is not autocast-aware itself, else q's), or None where it cannot run: no varlen_attn
+    in `kernels` (see `kernels.usable_varlen_attn`), or q not eligible (not on CUDA, fp32
+    outside autocast)."""
+    if kernels.varlen_attn is None or not kernels.eligible(q):
         return None
-    if torch.is_autocast_enabled("cuda"):
-        return torch.get_autocast_dtype("cuda")
-    return q.dtype if q.dtype in (torch.float16, torch.bfloat16) else None
+    if torch.is_autocast_enabled(q.device.type):
+        return torch.get_autocast_dtype(q.device.type)
+    return q.dtype
+
+
+def sdpa_expands_kv(device_type: str, masked: bool) -> bool:
+    """Whether to repeat k and v to the query heads before scaled_dot_product_attention instead
+    of passing enable_gqa.
+
+    On CUDA, grouped heads run fused only in the flash kernel, which takes no mask, and the
+    memory-efficient kernel takes a mask but not grouped heads: a masked call with enable_gqa
+    falls back to the math kernel, which holds B x heads x T x T scores. transformers expands
+    in that case too. Elsewhere enable_gqa costs nothing.
+    """
+    return masked and device_type == "cuda"
+
+
+def grouped_sdpa(q, k, v, mask, is_causal: bool, expand_kv: bool) -> torch.Tensor:
+    """scaled_dot_product_attention of q [B, heads, T, d] over k, v [B, kv_heads, S, d], each
+    kv head serving heads / kv_heads consecutive query heads; `expand_kv` repeats them first."""
+    if expand_kv:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=not expand_kv
+    )

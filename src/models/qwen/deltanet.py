@@ -2,11 +2,12 @@
 
 On a GPU, with `flash-linear-attention` and `causal-conv1d` installed, the chunked recurrence
 and the convolution run as their fused kernels (given the document boundaries; `choose_kernels`
-decides); everywhere else they run as the pure PyTorch code of `delta_rule.py` and
-`ShortConvolution`, which honours the same boundaries.
+decides, from the layer's `kernels.Kernels`); everywhere else they run as the pure PyTorch code
+of `delta_rule.py` and `ShortConvolution`, which honours the same boundaries.
 """
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -16,12 +17,7 @@ from torch import nn
 from src.models.qwen.boundaries import DocumentBoundaries
 from src.models.qwen.config import QwenConfig
 from src.models.qwen.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
-from src.models.qwen.kernels import (
-    causal_conv1d_fits,
-    causal_conv1d_fn,
-    fla_chunk_gated_delta_rule,
-    takes_keywords,
-)
+from src.models.qwen.kernels import Kernels, causal_conv1d_fits, kernels_for
 from src.models.qwen.layers import GatedRMSNorm
 
 log = logging.getLogger(__name__)
@@ -55,18 +51,17 @@ class ShortConvolution(nn.Module):
         x: torch.Tensor,
         boundaries: DocumentBoundaries | None = None,
         cache: DeltaNetCache | None = None,
-        use_kernel: bool = False,
+        kernel: Callable | None = None,
     ) -> torch.Tensor:
         """x [B, T, channels] -> [B, T, channels]; with a cache, continue from its inputs.
 
-        `use_kernel`: run causal-conv1d's CUDA kernel (no cache; x on a GPU in fp16/bf16).
+        `kernel`: causal-conv1d's `causal_conv1d_fn` to run instead (no cache; x on a GPU in
+        fp16/bf16, in a shape `kernels.causal_conv1d_fits`).
         """
-        if use_kernel:
+        if kernel is not None:
             document_ids = None if boundaries is None else boundaries.document_ids.to(torch.int32)
             weight = self.weight.squeeze(1).to(x.dtype)
-            out = causal_conv1d_fn(
-                x.transpose(1, 2), weight, seq_idx=document_ids, activation="silu"
-            )
+            out = kernel(x.transpose(1, 2), weight, seq_idx=document_ids, activation="silu")
             return out.transpose(1, 2)
         kernel_size = self.kernel_size
         batch, length, channels = x.shape
@@ -96,9 +91,10 @@ class GatedDeltaNet(nn.Module):
     weight * rmsnorm(o) * silu(z) per value head -> out_proj.
     """
 
-    def __init__(self, config: QwenConfig, layer_index: int):
+    def __init__(self, config: QwenConfig, layer_index: int, kernels: Kernels | None = None):
         super().__init__()
         self.layer_index = layer_index
+        self.kernels = kernels  # None: the installed ones on a GPU (see kernels.kernels_for)
         self.num_key_heads = config.linear_num_key_heads
         self.num_value_heads = config.linear_num_value_heads
         self.key_head_dim = config.linear_key_head_dim
@@ -132,7 +128,8 @@ class GatedDeltaNet(nn.Module):
         cache: DeltaNetCache | None = None,
     ) -> torch.Tensor:
         qkv, z, b, a = self._project(x)
-        conv_kernel, rule_kernel = choose_kernels(qkv, self.conv1d.kernel_size, cache is not None)
+        kernels = kernels_for(qkv, self.kernels)
+        conv_kernel, rule_kernel = choose_kernels(kernels, qkv, self.conv1d.kernel_size, cache)
         self._log_path(conv_kernel, rule_kernel, decoding=cache is not None)
         q, k, v = self.conv1d(qkv, boundaries, cache, conv_kernel).split(
             (self.key_dim, self.key_dim, self.value_dim), dim=-1
@@ -142,8 +139,8 @@ class GatedDeltaNet(nn.Module):
         v = v.unflatten(-1, (self.num_value_heads, self.value_head_dim))
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # log-decay <= 0
-        if rule_kernel:
-            o = self._fla_delta_rule(q, k, v, g, beta, boundaries)
+        if rule_kernel is not None:
+            o = self._fla_delta_rule(rule_kernel, q, k, v, g, beta, boundaries)
         else:
             o = self._torch_delta_rule(q, k, v, g, beta, boundaries, cache)
         z = z.unflatten(-1, (self.num_value_heads, self.value_head_dim))
@@ -191,29 +188,30 @@ class GatedDeltaNet(nn.Module):
             cache.recurrent = state
         return o
 
-    def _fla_delta_rule(self, q, k, v, g, beta, boundaries) -> torch.Tensor:
+    def _fla_delta_rule(self, rule, q, k, v, g, beta, boundaries) -> torch.Tensor:
+        """flash-linear-attention's chunk kernel, which maps value head h to key head
+        h // (value heads / key heads), as the PyTorch code does."""
         batch, length = q.shape[:2]
-        per_key_head = self.num_value_heads // self.num_key_heads  # older fla needs equal heads
-        q, k = q.repeat_interleave(per_key_head, dim=2), k.repeat_interleave(per_key_head, dim=2)
         offsets = {}
         if boundaries is not None:  # fla takes packed documents as one row
             q, k, v, g, beta = (t.flatten(0, 1)[None] for t in (q, k, v, g, beta))
-            offsets["cu_seqlens"] = boundaries.cu_seqlens_long
             # fla caches its chunk indices by tensor identity: the same tensors in every layer
             # reuse them, and the host copy spares the sync that computes them.
-            if takes_keywords(fla_chunk_gated_delta_rule, "cu_seqlens_cpu"):
-                offsets["cu_seqlens_cpu"] = boundaries.cu_seqlens_cpu
-        o, _ = fla_chunk_gated_delta_rule(
+            offsets = {
+                "cu_seqlens": boundaries.cu_seqlens_long,
+                "cu_seqlens_cpu": boundaries.cu_seqlens_cpu,
+            }
+        o, _ = rule(
             q, k, v, g, beta,
             scale=self.key_head_dim**-0.5, use_qk_l2norm_in_kernel=True, **offsets,
         )  # fmt: skip
         return o.view(batch, length, *o.shape[2:])
 
-    def _log_path(self, conv_kernel: bool, rule_kernel: bool, decoding: bool) -> None:
+    def _log_path(self, conv_kernel, rule_kernel, decoding: bool) -> None:
         if torch.compiler.is_compiling():  # a log call would split the compiled graph
             return
-        conv = "causal-conv1d kernel" if conv_kernel else "PyTorch"
-        if rule_kernel:
+        conv = "PyTorch" if conv_kernel is None else "causal-conv1d kernel"
+        if rule_kernel is not None:
             rule = "flash-linear-attention chunk kernel"
         elif decoding:
             rule = "PyTorch, one step per token after the prompt"
@@ -225,16 +223,22 @@ class GatedDeltaNet(nn.Module):
             self._logged_path = path
 
 
-def choose_kernels(qkv: torch.Tensor, kernel_size: int, decoding: bool) -> tuple[bool, bool]:
-    """Whether causal-conv1d and flash-linear-attention's chunk kernel run this forward pass.
+def choose_kernels(
+    kernels: Kernels, qkv: torch.Tensor, kernel_size: int, cache: DeltaNetCache | None
+) -> tuple[Callable | None, Callable | None]:
+    """The causal-conv1d and flash-linear-attention functions this forward pass calls, each
+    None where it runs PyTorch's code instead.
 
-    Both need CUDA in fp16/bf16 and a whole sequence (decoding steps carry a cache they cannot
-    read); the convolution kernel also needs a shape it supports, checked (and a misfit logged)
-    by `kernels.causal_conv1d_fits`.
+    Both need an eligible input (by default on CUDA in fp16/bf16) and a whole sequence (decoding
+    steps carry a cache they cannot read); the convolution kernel also needs a shape it
+    supports, checked (and a misfit logged) by `kernels.causal_conv1d_fits`.
     """
-    on_gpu = not decoding and qkv.is_cuda and qkv.dtype in (torch.float16, torch.bfloat16)
-    conv = on_gpu and causal_conv1d_fn is not None and causal_conv1d_fits(qkv, kernel_size)
-    return conv, on_gpu and fla_chunk_gated_delta_rule is not None
+    if cache is not None or not kernels.eligible(qkv):
+        return None, None
+    conv = kernels.causal_conv1d_fn
+    if conv is not None and not causal_conv1d_fits(qkv, kernel_size):
+        conv = None
+    return conv, kernels.chunk_gated_delta_rule
 
 
 def _l2_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:

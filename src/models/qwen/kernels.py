@@ -1,36 +1,114 @@
-"""The optional fused GPU kernels, and whether this installation's versions can run a given call.
+"""The optional fused GPU kernels, the switch that hands them to the layers, and whether this
+installation's versions can run a given call.
 
-Each kernel is None where its package, or this PyTorch release, does not provide it in the form
-the layers call; the layers then run their PyTorch code, which gives the same results. The
-checks happen here, once, so that an unsupported version or shape falls back instead of raising
-inside a training step.
+A `Kernels` holds the kernel functions a model's layers call and says which tensors may go to
+them; a kernel left None runs as the layer's PyTorch code, which gives the same results. By
+default a model uses `installed_kernels()`, imported when a layer first meets a tensor on a GPU
+(flash-linear-attention takes seconds to import and warns on a machine without one). The
+version checks happen there, once, so that an unsupported version or shape falls back instead of
+raising inside a training step.
 """
 
 import functools
+import importlib
 import inspect
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
-try:  # FlashAttention's varlen kernel as shipped in PyTorch (CUDA, fp16/bf16)
-    from torch.nn.attention.varlen import varlen_attn as _torch_varlen_attn
-except ImportError:  # older PyTorch
-    _torch_varlen_attn = None
-try:
-    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk_gated_delta_rule
-except ImportError:
-    fla_chunk_gated_delta_rule = None
-try:
-    from causal_conv1d import causal_conv1d_fn
-except ImportError:
-    causal_conv1d_fn = None
-
 log = logging.getLogger(__name__)
 
+HALF_PRECISION = (torch.float16, torch.bfloat16)
 # Arguments of varlen_attn that the attention layer passes; PyTorch added them after varlen_attn.
 VARLEN_KEYWORDS = ("window_size", "enable_gqa")
 CAUSAL_CONV1D_WIDTHS = (2, 3, 4)
+# The first flash-linear-attention release whose chunk kernel serves several value heads from one
+# key head (value head h reads key head h // (value heads / key heads), as the layers do).
+FLA_MINIMUM_VERSION = (0, 6)
+
+
+def on_gpu_in_half_precision(x: torch.Tensor) -> bool:
+    """Whether x may go to the fused kernels, which run on CUDA in fp16/bf16 (CUDA autocast
+    included, where norms hand over fp32 activations)."""
+    return x.is_cuda and (x.dtype in HALF_PRECISION or torch.is_autocast_enabled("cuda"))
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The fused kernels a QwenLM's layers call, and the tensors they may call them on.
+
+    varlen_attn: torch.nn.attention.varlen.varlen_attn, for attention over packed documents.
+    chunk_gated_delta_rule: flash-linear-attention's, for Gated DeltaNet's recurrence.
+    causal_conv1d_fn: causal-conv1d's, for Gated DeltaNet's short convolution.
+    eligible: whether a tensor may go to them at all; tests pass `lambda x: True` with
+        stand-ins for the kernels to run the layers' kernel branches on CPU.
+    """
+
+    varlen_attn: Callable | None = None
+    chunk_gated_delta_rule: Callable | None = None
+    causal_conv1d_fn: Callable | None = None
+    eligible: Callable[[torch.Tensor], bool] = on_gpu_in_half_precision
+
+
+PYTORCH = Kernels()  # every layer in PyTorch, on every device
+
+
+def kernels_for(x: torch.Tensor, kernels: Kernels | None) -> Kernels:
+    """The kernels for a layer's input x: `kernels` when the model was given some, else the
+    installed ones where x may use them (imported then), else PyTorch's code."""
+    if kernels is not None:
+        return kernels
+    return installed_kernels() if on_gpu_in_half_precision(x) else PYTORCH
+
+
+# Filled on the first call: functools.cache would make torch.compile warn and trace into it.
+_installed: list[Kernels] = []
+
+
+def installed_kernels() -> Kernels:
+    """The fused kernels this installation provides in a form the layers can call, imported on
+    the first call and kept."""
+    if not _installed:
+        varlen_attn = _import("torch.nn.attention.varlen", "varlen_attn")
+        _installed.append(
+            Kernels(
+                varlen_attn=usable_varlen_attn(varlen_attn),
+                chunk_gated_delta_rule=_flash_linear_attention(),
+                causal_conv1d_fn=_import("causal_conv1d", "causal_conv1d_fn"),
+            )
+        )
+    return _installed[0]
+
+
+def _import(module: str, name: str) -> Callable | None:
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError:  # not installed, or its CUDA extension does not load here
+        return None
+
+
+def _flash_linear_attention() -> Callable | None:
+    rule = _import("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+    if rule is None:
+        return None
+    return usable_fla_rule(rule, importlib.import_module("fla").__version__)
+
+
+def usable_fla_rule(rule: Callable, version: str) -> Callable | None:
+    """`rule` when flash-linear-attention `version` serves several value heads from one key
+    head, else None: older releases need as many key heads as value heads."""
+    release = tuple(int(part) for part in version.split(".")[:2])
+    if release < FLA_MINIMUM_VERSION:
+        log.warning(
+            "flash-linear-attention %s predates %s, the first to serve several value heads per "
+            "key head: Gated DeltaNet runs in PyTorch (pip install 'fla-core>=0.6')",
+            version,
+            ".".join(map(str, FLA_MINIMUM_VERSION)),
+        )
+        return None
+    return rule
 
 
 @functools.cache
@@ -58,9 +136,6 @@ def usable_varlen_attn(fn: Callable | None) -> Callable | None:
         )
         return None
     return fn
-
-
-varlen_attn = usable_varlen_attn(_torch_varlen_attn)
 
 
 def causal_conv1d_problem(x: torch.Tensor, kernel_size: int) -> str | None:

@@ -21,6 +21,7 @@ from src.models.qwen.hf_io import (
     read_hf_weights,
     save_hf_directory,
 )
+from src.models.qwen.kernels import Kernels
 from src.models.qwen.layers import MLP, RMSNorm, ZeroCentredRMSNorm, rotary_tables
 
 
@@ -31,15 +32,15 @@ class DecoderLayer(nn.Module):
     `config.layer_types` says; the attribute names are the checkpoints'.
     """
 
-    def __init__(self, config: QwenConfig, index: int):
+    def __init__(self, config: QwenConfig, index: int, kernels: Kernels | None = None):
         super().__init__()
         norm = ZeroCentredRMSNorm if config.is_next else RMSNorm
         self.is_linear = config.layer_types[index] == "linear_attention"
         self.input_layernorm = norm(config.hidden_size, config.rms_norm_eps)
         if self.is_linear:
-            self.linear_attn = GatedDeltaNet(config, index)
+            self.linear_attn = GatedDeltaNet(config, index, kernels)
         else:
-            self.self_attn = Attention(config, index)
+            self.self_attn = Attention(config, index, kernels)
         self.post_attention_layernorm = norm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
@@ -58,9 +59,11 @@ class QwenLM(nn.Module):
 
     `self.model.*` and `self.lm_head` carry the same names and shapes as transformers'
     Qwen3ForCausalLM / Qwen3NextForCausalLM (dense MLP), so state dicts map one to one.
+    `kernels` chooses the fused kernels every layer may call (`kernels.PYTORCH`: none); by
+    default the installed ones, on GPU inputs.
     """
 
-    def __init__(self, config: QwenConfig):
+    def __init__(self, config: QwenConfig, kernels: Kernels | None = None):
         super().__init__()
         self.config = config
         norm = ZeroCentredRMSNorm if config.is_next else RMSNorm
@@ -68,7 +71,7 @@ class QwenLM(nn.Module):
             {
                 "embed_tokens": nn.Embedding(config.vocab_size, config.hidden_size),
                 "layers": nn.ModuleList(
-                    DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+                    DecoderLayer(config, i, kernels) for i in range(config.num_hidden_layers)
                 ),
                 "norm": norm(config.hidden_size, config.rms_norm_eps),
             }
@@ -180,11 +183,16 @@ class QwenLM(nn.Module):
         return generate(self, input_ids, max_new_tokens, **sampling)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path, dtype: torch.dtype = torch.float32) -> "QwenLM":
+    def from_pretrained(
+        cls,
+        directory: str | Path,
+        dtype: torch.dtype = torch.float32,
+        kernels: Kernels | None = None,
+    ) -> "QwenLM":
         """Load a transformers-format folder (config.json + safetensors, sharded or not)."""
         config = read_hf_config(directory)
         with torch.device("meta"):  # shapes only: the weights come from the files
-            model = cls(config)
+            model = cls(config, kernels)
         state_dict = read_hf_weights(directory, model.state_dict(), config.tie_word_embeddings)
         model.load_state_dict(state_dict, strict=True, assign=True)
         model.tie_weights()

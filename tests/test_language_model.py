@@ -314,3 +314,18 @@ def test_a_vocabulary_larger_than_the_model_is_refused(tmp_path):
     cfg = compose_config(tmp_path, [*FAST, *SMALL, "model.config.vocab_size=200"])
     with pytest.raises(ValueError, match="vocab_size to at least 257"):
         train(cfg)
+
+
+def test_model_kernels_chooses_the_layers_kernels_and_refuses_anything_else(tmp_path):
+    from src.models.qwen.kernels import PYTORCH
+    from src.utils.errors import ConfigError
+
+    cfg = compose_config(tmp_path, ["model=qwen3_next_tiny", "model.kernels=pytorch"])
+    model = hydra.utils.instantiate(cfg.model)
+    layers = [layer.linear_attn if layer.is_linear else layer.self_attn
+              for layer in model.net.model.layers]  # fmt: skip
+    assert all(layer.kernels is PYTORCH for layer in layers)
+    automatic = hydra.utils.instantiate(compose_config(tmp_path, ["model=qwen3_tiny"]).model)
+    assert all(layer.self_attn.kernels is None for layer in automatic.net.model.layers)
+    with pytest.raises(ConfigError, match="model.kernels='fused': choose auto .* or pytorch"):
+        LanguageModel(config=dict(cfg.model.config), kernels="fused")

@@ -12,11 +12,15 @@ from src.models.exact_match import count_exact_matches
 from src.models.optimization import OptimizedModule, OptimizerFactory
 from src.models.parallel import shard_decoder_layers
 from src.models.qwen import QwenConfig, QwenLM
+from src.models.qwen.kernels import PYTORCH
 from src.utils.contracts import IGNORE_INDEX, ExactMatchExample, Tokenizer
+from src.utils.errors import ConfigError
 
 # Summed over a validation or test split: token losses, supervised tokens, and tokens predicted
 # right (argmax).
 EVAL_SUMS = ("loss", "tokens", "correct")
+# model.kernels: None lets each layer use the installed fused kernels on GPU inputs.
+KERNEL_CHOICES = {"auto": None, "pytorch": PYTORCH}
 
 
 class LanguageModel(OptimizedModule):
@@ -50,11 +54,17 @@ class LanguageModel(OptimizedModule):
         optimizer: OptimizerFactory | None = None,
         scheduler: dict[str, Any] | None = None,
         pretrained: str | None = None,
+        kernels: str = "auto",
     ):
         super().__init__(optimizer, scheduler)
+        if kernels not in KERNEL_CHOICES:
+            raise ConfigError(
+                f"model.kernels={kernels!r}: choose auto (the installed fused kernels on GPU "
+                f"inputs) or pytorch (the PyTorch code everywhere, e.g. to compare the two)"
+            )
         qwen_config = QwenConfig.from_dict(dict(config))
         self.save_hyperparameters({"config": qwen_config.to_dict()}, logger=False)
-        self.net = QwenLM(qwen_config)
+        self.net = QwenLM(qwen_config, KERNEL_CHOICES[kernels])
         if pretrained:
             self.net.load_hf_weights(pretrained)
         # By name, while shapes are still whole: wrappers such as FSDP flatten them later.

@@ -9,6 +9,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from src.run.compose import CONF_DIR
+from src.run.launch import register_launch_resolvers
 from src.run.sweep_summary import SweepSummary, plot_metric
 from tests.helpers import FAST, run_train
 
@@ -23,6 +24,7 @@ def test_optuna_search_writes_a_summary_whose_best_row_is_optunas_best_trial(tmp
     with (tmp_path / "summary.csv").open() as file:
         rows = list(csv.DictReader(file))
     assert [row["status"] for row in rows] == ["ok"] * 3
+    assert [row["state"] for row in rows] == ["COMPLETE"] * 3, "the trials' states are missing"
     best_row = max(rows, key=lambda row: float(row["val/acc_best"]))
     optuna_result = OmegaConf.load(tmp_path / "optimization_results.yaml")
     assert float(best_row["val/acc_best"]) == optuna_result.best_value
@@ -33,6 +35,7 @@ def test_optuna_search_writes_a_summary_whose_best_row_is_optunas_best_trial(tmp
 
 def slurm_launcher_config(*overrides: str) -> dict:
     """The resolved `hydra.launcher` that `python train.py -m hydra/launcher=slurm ...` uses."""
+    register_launch_resolvers()  # as train.py does: the sweep dir is named by `launch_name`
     initialize_config_dir(config_dir=CONF_DIR, version_base="1.3")
     cfg = compose("train", overrides=["hydra/launcher=slurm", *overrides], return_hydra_config=True)
     launcher = cfg.hydra.launcher
@@ -90,3 +93,11 @@ def test_plot_has_one_axis_per_swept_parameter_log_scaled_when_values_span_decad
 def test_best_job_follows_the_direction_of_the_search(mode, best):
     rows = [{"job": "0", "val/loss": 0.2}, {"job": "1", "val/loss": 0.9}, {"job": "2"}]
     assert SweepSummary(metric="val/loss", mode=mode).best_job(rows) == best
+
+
+def test_a_pruned_trial_is_never_the_best_job():
+    rows = [
+        {"job": "0", "val/acc_best": 0.9, "state": "PRUNED"},
+        {"job": "1", "val/acc_best": 0.5, "state": "COMPLETE"},
+    ]
+    assert SweepSummary(metric="val/acc_best").best_job(rows) == "1"

@@ -1,4 +1,5 @@
-"""A Hydra callback that tabulates a multirun when it ends: overrides -> metrics, best job."""
+"""A Hydra callback that tabulates a multirun when it ends: overrides -> metrics, best job, and
+for an Optuna search each trial's state and each parameter's importance."""
 
 import csv
 import json
@@ -25,13 +26,24 @@ class SweepSummary(Callback):
     metric against each swept parameter) in the sweep directory.
 
     Each job is read back from its own `metrics.json` and `.hydra/overrides.yaml`, so the
-    summary works the same for the basic and Optuna sweepers and for any launcher. `mode` is
-    "max" or "min" (Optuna's "maximize"/"minimize" too, so it can follow the sweeper).
+    summary works the same for any sweeper and launcher. `mode` is "max" or "min" (Optuna's
+    "maximize"/"minimize" too, so it can follow the sweeper). With the `storage` and
+    `study_name` of an Optuna search, whose job numbers are its trial numbers, each job also
+    gets its trial's state (a pruned trial is never the best) and the summary the importance
+    of each parameter.
     """
 
-    def __init__(self, metric: str | None = None, mode: str = "max"):
+    def __init__(
+        self,
+        metric: str | None = None,
+        mode: str = "max",
+        storage: str | None = None,
+        study_name: str | None = None,
+    ):
         self.metric = metric
         self.mode = mode
+        self.storage = storage
+        self.study_name = study_name
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
@@ -39,17 +51,29 @@ class SweepSummary(Callback):
         if not rows:
             log.warning("No job of the sweep in %s wrote %s.", sweep_dir, METRICS_FILE)
             return
+        importances: dict[str, float] = {}
+        if self.storage and self.study_name:
+            from src.run.search_study import load_study_report  # optuna: searches only
+
+            states, importances = load_study_report(self.storage, self.study_name)
+            for row in rows:
+                row["state"] = states.get(int(row["job"])) if row["job"].isdigit() else None
         write_csv(rows, sweep_dir / "summary.csv")
         best = self.best_job(rows)
         text = markdown_table(rows, self.metric, best)
         if self.metric and params and any(_is_number(row.get(self.metric)) for row in rows):
             plot_metric(rows, self.metric, params).savefig(sweep_dir / "summary.png")
             text += f"\n![{self.metric} against each swept parameter](summary.png)\n"
+        text += importance_table(importances)
         (sweep_dir / "summary.md").write_text(text)
         log.info("Sweep summary: %s (best job: %s)", sweep_dir / "summary.md", best)
 
     def best_job(self, rows: list[dict[str, Any]]) -> str | None:
-        scored = [row for row in rows if _is_number(row.get(self.metric))]
+        scored = [
+            row
+            for row in rows
+            if _is_number(row.get(self.metric)) and row.get("state", "COMPLETE") == "COMPLETE"
+        ]
         if not scored:
             return None
         pick = min if self.mode.startswith("min") else max
@@ -102,7 +126,8 @@ def markdown_table(rows: list[dict[str, Any]], metric: str | None, best: str | N
     """The jobs as a Markdown table: overrides, the sweep's metric first, then test metrics."""
     metric_columns = [metric] if metric else []
     metric_columns += sorted({key for row in rows for key in row if key.startswith("test/")})
-    header = ["job", "overrides", *metric_columns, "wall_time_s", "status"]
+    states = ["state"] if any("state" in row for row in rows) else []
+    header = ["job", "overrides", *metric_columns, "wall_time_s", "status", *states]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [_cell(row.get(column)) for column in header]
@@ -115,6 +140,16 @@ def markdown_table(rows: list[dict[str, Any]], metric: str | None, best: str | N
         else "# Sweep summary\n\n"
     )
     return title + "\n".join(lines) + "\n"
+
+
+def importance_table(importances: dict[str, float]) -> str:
+    """Optuna's importance of each parameter over the complete trials (its default evaluator;
+    they sum to 1), as a Markdown section; empty without importances."""
+    if not importances:
+        return ""
+    lines = ["| parameter | importance |", "|---|---|"]
+    lines += [f"| {name} | {value:.3f} |" for name, value in importances.items()]
+    return "\n## Parameter importance (Optuna)\n\n" + "\n".join(lines) + "\n"
 
 
 def plot_metric(rows: list[dict[str, Any]], metric: str, params: list[str]) -> Figure:

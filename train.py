@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from src.run.app import hydra_app
 from src.run.config_checks import check_config_types
+from src.run.lm_evaluation import check_lm_eval_request, evaluate_after_training
 from src.run.lr_scaling import apply_lr_scaling
 from src.run.outputs import finish_run
 from src.run.resume import checked_ckpt_path
@@ -29,10 +30,12 @@ log = logging.getLogger(__name__)
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
-    """Fit (unless `train=false`), then test the best checkpoint; return metrics.json's content."""
+    """Fit (unless `train=false`), then test the best checkpoint (and score it with lm-eval when
+    `+lm_eval.tasks=[...]` asks); return metrics.json's content."""
     start = time.perf_counter()
     check_config_types(cfg)
     check_launch(cfg)
+    check_lm_eval_request(cfg)
     apply_lr_scaling(cfg)
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
@@ -54,7 +57,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         trainer.test(model, datamodule=datamodule, ckpt_path=best_path or None)
         metrics.update(trainer.callback_metrics)
 
-    return finish_run(
+    record = finish_run(
         trainer,
         cfg.paths.output_dir,
         metrics,
@@ -62,6 +65,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         best_model_path=best_path or None,
         preempted=preempted,
     )
+    return evaluate_after_training(cfg, trainer, record)
 
 
 @hydra_app("train")

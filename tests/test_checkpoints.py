@@ -54,10 +54,11 @@ ENTRY_POINTS = {
     "predict": ("predict.py", ["ckpt_path={ckpt}", "input={image}"]),
     "generate": ("scripts/generate.py", ["--ckpt", "{ckpt}"]),
     "export": ("scripts/export.py", ["ckpt_path={ckpt}"]),
+    "evaluate_lm": ("scripts/evaluate_lm.py", ["ckpt_path={ckpt}", "tasks=[sft_choice]"]),
     "train-pretrained-ckpt": ("train.py", ["model.pretrained={ckpt}"]),
     "train-pretrained-pt": ("train.py", ["model.pretrained={ckpt}"]),
 }
-HYDRA_APPS = ("eval.py", "train.py", "predict.py", "scripts/export.py")
+HYDRA_APPS = ("eval.py", "train.py", "predict.py", "scripts/export.py", "scripts/evaluate_lm.py")
 
 
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)

@@ -110,13 +110,14 @@ def write_local_settings(folder, text: str) -> str:
     return f"hydra.searchpath=[file://{folder}]"
 
 
-@pytest.mark.parametrize("config_name", ["train", "eval", "predict", "export"])
+@pytest.mark.parametrize("config_name", ["train", "eval", "predict", "export", "evaluate_lm"])
 def test_local_settings_are_loaded_when_present_and_the_command_line_still_wins(
     tmp_path, config_name
 ):
     searchpath = write_local_settings(tmp_path / "extra", "paths:\n  data_dir: /mnt/corpora\n")
     required = [] if config_name == "train" else ["ckpt_path=x.ckpt"]
     required += ["input=x.png"] if config_name == "predict" else []
+    required += ["tasks=[sft_choice]"] if config_name == "evaluate_lm" else []
     without = compose_config(tmp_path / "a", required, config_name)
     local = compose_config(tmp_path / "b", [*required, searchpath], config_name)
     winner = compose_config(

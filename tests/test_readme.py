@@ -54,7 +54,7 @@ TINY_LM = [
     "model.config.intermediate_size=64",
     "model.config.head_dim=16",
 ]
-HYDRA_SCRIPTS = ("train.py", "eval.py", "predict.py", "scripts/export.py")
+HYDRA_SCRIPTS = ("train.py", "eval.py", "predict.py", "scripts/export.py", "scripts/evaluate_lm.py")
 OTHER_SCRIPTS = (
     "scripts/check_env.py",
     "scripts/check_packing.py",
@@ -152,6 +152,8 @@ def adapt(argv: list[str]) -> list[str]:
         args = with_overrides(args, *train_overrides(args))
     elif script == "eval.py":
         args = with_overrides(args, QUICK[3:], [])
+    elif script == "scripts/evaluate_lm.py":
+        args = with_overrides(args, ["limit=12"], [])
     elif script == "scripts/check_packing.py":
         args = with_overrides(args, TINY_LM, [])
     elif script == "scripts/generate.py" and "--max-new-tokens" not in args:

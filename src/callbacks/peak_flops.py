@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
+from lightning.pytorch.utilities import rank_zero_only
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,8 @@ def device_peak(device: torch.device, dtype: torch.dtype) -> Peak | None:
                 warnings.simplefilter("ignore")
                 if (peak := get_available_flops(device, dtype)) is not None:
                     return Peak(peak, f"{name}, Lightning's table ({dtype})")
-    log.info("No peak FLOP/s known for %r in %s: perf/mfu is not logged", name, dtype)
+    if rank_zero_only.rank == 0:  # every rank asks; one line says it
+        log.info("No peak FLOP/s known for %r in %s: perf/mfu is not logged", name, dtype)
     return None
 
 

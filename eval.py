@@ -19,7 +19,7 @@ from src.run.app import hydra_app
 from src.run.config_checks import check_config_types
 from src.run.outputs import finish_run
 from src.run.trainer import build_trainer, run_overrides
-from src.utils.errors import MissingFileError
+from src.utils.errors import ConfigError, MissingFileError
 
 # The config groups taken from the checkpoint (the rest is this run's own).
 RESTORED_GROUPS = ("model", "data")
@@ -57,6 +57,11 @@ def use_test_settings_of_the_run(cfg: DictConfig, stored_trainer: DictConfig) ->
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Test the checkpoint at `cfg.ckpt_path`; return metrics.json's content."""
     start = time.perf_counter()
+    if cfg.get("ckpt_path") is None:  # `???` merged over train.yaml's `ckpt_path: null`
+        raise ConfigError(
+            "Required config value not set: ckpt_path. Set it on the command line: "
+            "ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt"
+        )
     ckpt_path = Path(cfg.ckpt_path)
     if not ckpt_path.is_file():
         raise MissingFileError(

@@ -18,6 +18,7 @@ import torch
 
 from src.checkpoints.restore import restore
 from src.data.tokenizers import ByteTokenizer, load_pretrained
+from src.models.language_model import LanguageModel
 from src.models.qwen import QwenLM
 from src.utils.contracts import Tokenizer
 from src.utils.errors import CheckpointError, exit_on_user_error
@@ -55,6 +56,13 @@ def load_model(args: argparse.Namespace) -> tuple[QwenLM, Tokenizer]:
         # was trained in the run: the folder given is that tokenizer.
         pretrained = ["data.tokenizer.kind=pretrained", f"data.tokenizer.path='{folder}'"]
         restored = restore(args.ckpt, pretrained)
+    if not isinstance(restored.model, LanguageModel):
+        raise CheckpointError(
+            f"{args.ckpt} is a checkpoint of {restored.config.model._target_}, not of a language "
+            f"model: generate.py continues text with a checkpoint of a model=qwen3_tiny (or "
+            f"another language model) run. For an image classifier use predict.py "
+            f"ckpt_path={args.ckpt} input=<image or folder>."
+        )
     return restored.model.net, given or restored.tokenizer
 
 

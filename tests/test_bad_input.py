@@ -5,15 +5,26 @@ through `train()`), and checks the error type and the words that tell the user w
 """
 
 import errno
+import re
 
 import numpy as np
 import pytest
 import torch
 from hydra.errors import MissingConfigException
+from safetensors.torch import save_file
 
+from scripts.generate import main as generate_main
 from src.checkpoints import io as checkpoint_io
 from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError
-from tests.helpers import FAST, TINY_LM, compose_config, write_mnist
+from tests.helpers import (
+    FAST,
+    TINY_LM,
+    compose_config,
+    run_script,
+    small_image_folder_overrides,
+    write_image_folder,
+    write_mnist,
+)
 from train import train
 
 
@@ -35,6 +46,24 @@ def corrupt_dataset(tmp_path):
     return ["data=mnist", f"data.data_dir={tmp_path}", "data.download=false"]
 
 
+def truncated_mnist_archive(tmp_path):
+    write_mnist(tmp_path, n_train=200, n_test=10, gz=True)
+    archive = tmp_path / "MNIST" / "raw" / "train-images-idx3-ubyte.gz"
+    archive.write_bytes(archive.read_bytes()[:2000])
+    return ["data=mnist", f"data.data_dir={tmp_path}", "data.download=false"]
+
+
+def one_class_image_folder(tmp_path):
+    write_image_folder(tmp_path / "images", per_class=6, classes=("cat",))
+    return [*small_image_folder_overrides(tmp_path / "images"), "data.num_classes=2"]
+
+
+def image_folder_with_a_corrupt_image(tmp_path):
+    write_image_folder(tmp_path / "images", per_class=6, classes=("ant", "bee", "cat"))
+    (tmp_path / "images" / "bee" / "3.png").write_bytes(b"\x89PNG but cut short")
+    return small_image_folder_overrides(tmp_path / "images")
+
+
 def empty_dataset(tmp_path):
     np.savez(tmp_path / "empty.npz", x=np.zeros((0, 1, 8, 8), np.float32), y=np.zeros(0))
     return [
@@ -43,6 +72,14 @@ def empty_dataset(tmp_path):
         "data.num_classes=2",
         "data.input_shape=[1,8,8]",
     ]
+
+
+def tensors_without_their_path(tmp_path):
+    return ["data=tensors"]
+
+
+def image_folder_without_num_classes(tmp_path):
+    return ["data=imagefolder", f"data.data_dir={tmp_path}"]
 
 
 def image_folder_without_classes(tmp_path):
@@ -57,6 +94,25 @@ def truncated_checkpoint(tmp_path):
     return [f"ckpt_path={path}"]
 
 
+def random_bytes_as_checkpoint(tmp_path):
+    (tmp_path / "last.ckpt").write_bytes(np.random.default_rng(0).bytes(3000))
+    return [f"ckpt_path={tmp_path / 'last.ckpt'}"]
+
+
+def weights_file(tmp_path):
+    save_file({"fc1.weight": torch.zeros(4, 4)}, tmp_path / "model.safetensors")
+    return tmp_path / "model.safetensors"
+
+
+def safetensors_as_checkpoint(tmp_path):
+    return [f"ckpt_path={weights_file(tmp_path)}"]
+
+
+def pretrained_that_is_not_safetensors(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"<html>Not Found</html>")
+    return [f"model.pretrained={tmp_path / 'model.safetensors'}"]
+
+
 def checkpoint_of_another_model(tmp_path):
     train(compose_config(tmp_path / "cnn", [*FAST, "model=cnn", "test=false"]))
     return ["model=simplenet", f"ckpt_path={tmp_path / 'cnn' / 'checkpoints' / 'last.ckpt'}"]
@@ -64,6 +120,10 @@ def checkpoint_of_another_model(tmp_path):
 
 def missing_checkpoint(tmp_path):
     return [f"ckpt_path={tmp_path / 'nope.ckpt'}"]
+
+
+def negative_learning_rate(tmp_path):
+    return ["optimizer.lr=-1"]
 
 
 def wrong_input_shape(tmp_path):
@@ -87,13 +147,53 @@ CASES = {
     "wrong value type": (wrong_type, ConfigError, ["trainer.max_epochs='ten'", "expects int"]),
     "missing dataset file": (missing_dataset, MissingFileError, ["MNIST/raw", "data.data_dir"]),
     "corrupt dataset file": (corrupt_dataset, DataError, ["not valid IDX", "Delete them"]),
+    "truncated MNIST archive": (
+        truncated_mnist_archive,
+        DataError,
+        ["train-images-idx3-ubyte.gz is truncated or corrupt", "Delete it"],
+    ),
+    "image folder of one class": (
+        one_class_image_folder,
+        DataError,
+        ["one class only (cat/)", "at least two"],
+    ),
+    "corrupt image in an image folder": (
+        image_folder_with_a_corrupt_image,
+        DataError,
+        ["bee/3.png is not a readable image", "Delete or replace it"],
+    ),
     "empty dataset": (empty_dataset, DataError, ["split", "is empty"]),
+    "data=tensors without its required values": (
+        tensors_without_their_path,
+        ConfigError,
+        ["not set: data.input_shape, data.num_classes, data.path", "data.path=..."],
+    ),
+    "data=imagefolder without num_classes": (
+        image_folder_without_num_classes,
+        ConfigError,
+        ["not set: data.num_classes.", "data.num_classes=..."],
+    ),
     "image folder with no classes": (
         image_folder_without_classes,
         MissingFileError,
         ["class folder", "one sub-folder per class"],
     ),
     "truncated checkpoint": (truncated_checkpoint, CheckpointError, ["truncated or corrupt"]),
+    "random bytes as checkpoint": (
+        random_bytes_as_checkpoint,
+        CheckpointError,
+        ["is not a PyTorch checkpoint", "checkpoints/last.ckpt"],
+    ),
+    "safetensors file as checkpoint": (
+        safetensors_as_checkpoint,
+        CheckpointError,
+        ["safetensors weights file", "model.pretrained=", "checkpoints/"],
+    ),
+    "pretrained weights that are not safetensors": (
+        pretrained_that_is_not_safetensors,
+        CheckpointError,
+        ["model.safetensors", "is not a safetensors file", "b'<html>N"],
+    ),
     "checkpoint of another model": (
         checkpoint_of_another_model,
         CheckpointError,
@@ -103,6 +203,11 @@ CASES = {
         missing_checkpoint,
         MissingFileError,
         ["does not exist", "ckpt_path=last"],
+    ),
+    "negative learning rate": (
+        negative_learning_rate,
+        ConfigError,
+        ["torch.optim.Adam refuses", "optimizer.lr=-1", "Invalid learning rate: -1"],
     ),
     "data shape differs from config": (
         wrong_input_shape,
@@ -126,28 +231,129 @@ CASES = {
 def test_bad_input_gets_a_clear_error(tmp_path, case):
     make_input, error_type, words = CASES[case]
     overrides = make_input(tmp_path)
-    with pytest.raises(error_type) as error:
+    with pytest.raises(Exception) as raised:
         train(compose_config(tmp_path / "run", [*FAST, *overrides]))
+    error = user_error(raised.value, error_type)
     for word in words:
-        assert word in str(error.value), f"{case}: {word!r} not in: {error.value}"
+        assert word in str(error), f"{case}: {word!r} not in: {error}"
+    assert "weights_only" not in str(error), f"{case}: advises an unsafe load"
 
 
-def test_a_disk_that_fills_during_training_keeps_the_last_checkpoint(tmp_path, monkeypatch):
-    saves = []
-    real_save = torch.save
+def user_error(raised: BaseException, error_type: type) -> BaseException:
+    """The `error_type` error in `raised` or what it was raised from, as the entry points find
+    it (Hydra's instantiate wraps the errors of the objects it builds)."""
+    error = raised
+    while error is not None and not isinstance(error, error_type):
+        error = error.__cause__ or error.__context__
+    assert error is not None, f"{type(raised).__name__}, not {error_type.__name__}: {raised}"
+    return error
 
-    def fills_after_three(obj, file):
-        saves.append(1)
-        if len(saves) > 3:
+
+def disk_full_after(saves: int, torch_save):
+    """A torch.save that fills the disk after `saves` saves, failing as torch does: a part
+    written, then a RuntimeError raised while handling the write's OSError (ENOSPC)."""
+    done = []
+
+    def save(obj, file):
+        done.append(1)
+        if len(done) <= saves:
+            return torch_save(obj, file)
+        file.write(b"PK\x03\x04 a partial checkpoint")
+        try:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_save(obj, file)
+        except OSError:
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:672] . unexpected pos"
+            ) from None
 
-    monkeypatch.setattr(checkpoint_io.torch, "save", fills_after_three)
+    return save
+
+
+def test_a_disk_that_fills_during_training_says_so_in_one_line_keeping_the_last_checkpoint(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(checkpoint_io.torch, "save", disk_full_after(3, torch.save))
     cfg = compose_config(tmp_path, [*FAST, "trainer.max_epochs=5"])
-    with pytest.raises(CheckpointError, match="No space left"):
+    with pytest.raises(CheckpointError) as error:
         train(cfg)
+    message = str(error.value)
+    assert message.startswith("No space left on the device: saving the checkpoint"), message
+    assert str(tmp_path / "checkpoints") in message, message
+    assert re.search(
+        r"needed about \d+\.\d [kMGT]?B, and \d+\.\d [kMGT]?B is free there", message
+    ), message
+    assert "previous checkpoint at that path (if any) is intact" in message, message
     last = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     # Epoch 0's three saves (best, periodic, last) fit; epoch 1's first fills the disk.
     assert last["epoch"] == 0, f"last.ckpt of epoch {last['epoch']}"
     assert not list((tmp_path / "checkpoints").glob(".*tmp*"))
     assert not (tmp_path / "metrics.json").exists()  # a failed run reports no results
+
+
+# Where the Hydra entry points of the tests below write (inside the test's tmp_path).
+RUN_DIR = "hydra.run.dir={run_dir}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "make_file", "args", "words"),
+    [
+        ("eval.py", weights_file, ["ckpt_path={}", RUN_DIR], "safetensors weights file"),
+        (
+            "predict.py",
+            None,
+            ["ckpt_path={}", "input={}", RUN_DIR],
+            "is not a PyTorch checkpoint",
+        ),
+        ("scripts/export.py", weights_file, ["ckpt_path={}", RUN_DIR], "safetensors weights file"),
+        ("scripts/generate.py", None, ["--ckpt", "{}"], "is not a PyTorch checkpoint"),
+    ],
+    ids=["eval", "predict", "export", "generate"],
+)
+def test_every_entry_point_names_a_file_that_is_not_a_checkpoint_in_one_line(
+    tmp_path, script, make_file, args, words
+):
+    if make_file is None:
+        path = tmp_path / "last.ckpt"
+        path.write_bytes(np.random.default_rng(0).bytes(3000))
+    else:
+        path = make_file(tmp_path)
+    args = [arg.format(path, run_dir=tmp_path / "run") for arg in args]
+    result = run_script(script, args, check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("Error: ") and words in last_line, last_line
+    assert "weights_only" not in result.stderr, last_line
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("script", "args", "words"),
+    [
+        ("eval.py", [], "Required config value not set: ckpt_path"),
+        ("predict.py", ["ckpt_path=x.ckpt"], "Required config value not set: input"),
+        ("train.py", ["trainer=gpu"], "sees no GPU on this machine"),
+    ],
+    ids=["eval without ckpt_path", "predict without input", "trainer=gpu without a GPU"],
+)
+def test_an_entry_point_names_what_to_set_in_one_line(tmp_path, script, args, words):
+    if "trainer=gpu" in args and (torch.cuda.is_available() or torch.backends.mps.is_available()):
+        pytest.skip("this machine has a GPU")
+    result = run_script(script, [*args, f"hydra.run.dir={tmp_path}"], check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("Error: ") and words in last_line, last_line
+
+
+def test_generate_on_a_classifier_checkpoint_says_it_needs_a_language_model(tmp_path):
+    run = [*FAST, "trainer.limit_train_batches=2", "test=false"]
+    train(compose_config(tmp_path, run))
+    checkpoint = tmp_path / "checkpoints" / "last.ckpt"
+    with pytest.raises(SystemExit) as exit_:
+        generate_main(["--ckpt", str(checkpoint)])
+    message = str(exit_.value)
+    assert message.startswith(f"Error: {checkpoint} is a checkpoint of"), message
+    assert "ImageClassifier, not of a language model" in message, message
+    assert f"predict.py ckpt_path={checkpoint}" in message, message

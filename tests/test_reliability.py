@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -52,15 +53,20 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeping_the_last_good_chec
     assert all(torch.isfinite(v).all() for v in weights.values())
 
 
-def test_sigterm_saves_between_steps_and_exits_cleanly_then_ckpt_path_last_resumes(tmp_path):
-    slow = ["+callbacks.slow._target_=tests.test_reliability.SlowSteps", "trainer.max_epochs=50"]
-    process = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *FAST, *slow, f"hydra.run.dir={tmp_path}"],
+def training_process(args: list[str], run_dir) -> subprocess.Popen:
+    """`python train.py <args> hydra.run.dir=<run_dir>` running, its output readable as text."""
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, f"hydra.run.dir={run_dir}"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def test_sigterm_saves_between_steps_and_exits_cleanly_then_ckpt_path_last_resumes(tmp_path):
+    slow = ["+callbacks.slow._target_=tests.test_reliability.SlowSteps", "trainer.max_epochs=50"]
+    process = training_process([*FAST, *slow], tmp_path)
     deadline = time.time() + 120
     while not (tmp_path / "started").exists() and time.time() < deadline:
         time.sleep(0.1)
@@ -162,3 +168,51 @@ def test_the_time_limit_signal_saves_then_hands_over_to_the_launchers_handler(tm
         signal.signal(signal.SIGUSR2, previous)
     assert handed_over == [(signal.SIGUSR2, 6)]  # saved after the step in progress
     assert record["preempted"] is True
+
+
+def test_ctrl_c_saves_after_the_step_and_prints_a_command_that_resumes(tmp_path, caplog):
+    overrides = [
+        *FAST,
+        "trainer.max_epochs=2",
+        "+callbacks.signal._target_=tests.test_reliability.SignalAtStep",
+        "+callbacks.signal.step=5",
+        "+callbacks.signal.name=SIGINT",
+    ]
+    record = train(compose_config(tmp_path, overrides))
+    assert record["preempted"] is True
+    assert (
+        torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
+    )  # after the step in progress
+    command = caplog.text.split("Resume with:\n")[1].splitlines()[0].strip()
+    words = shlex.split(command)
+    assert words[:2] == ["python", "train.py"], command
+    assert f"hydra.run.dir={tmp_path}" in words and "ckpt_path=last" in words, command
+
+    resumed = [word for word in words[2:] if not word.startswith(("+callbacks.signal", "hydra."))]
+    train(compose_config(tmp_path, resumed))
+    final = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
+    assert final["global_step"] == 2 * 20, "the printed command did not finish the run"
+
+
+class InterruptedThenWaits(Callback):
+    """Presses Ctrl-C (SIGINT to its own process) at step 3, then waits for a second one."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.global_step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(120)
+
+
+def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path):
+    waits = ["+callbacks.wait._target_=tests.test_reliability.InterruptedThenWaits"]
+    process = training_process([*FAST, *waits], tmp_path)
+    output = []
+    for line in process.stdout:
+        output.append(line)
+        if "Ctrl-C again" in line:
+            process.send_signal(signal.SIGINT)
+            break
+    output.append(process.communicate(timeout=60)[0])
+    assert process.returncode == 1, "".join(output)[-3000:]
+    assert not list(tmp_path.glob("checkpoints/*.ckpt")), "the second Ctrl-C still saved"
+    assert not (tmp_path / "metrics.json").exists()

@@ -1,13 +1,17 @@
 """A run killed at any step and resumed ends exactly where the uninterrupted run ends."""
 
 import json
+import os
 import random
+import signal
 
 import pytest
 import torch
+from lightning.pytorch import Callback
 
 from tests.helpers import (
     FAST,
+    TINY_LM,
     assert_same_tensors,
     compose_config,
     run_train,
@@ -18,16 +22,26 @@ from train import train
 
 # Two epochs of 20 steps, a checkpoint after every step, bitwise-deterministic kernels, and
 # randomness everywhere it can hide: shuffling, dropout (CNN) and per-sample augmentation.
-RUN = [
+# The default checkpoints (last.ckpt at the end of every epoch) of the same run.
+DEFAULT_CHECKPOINTS = [
     *FAST,
     "model=cnn",
     "trainer.max_epochs=2",
     "trainer.deterministic=true",
-    "callbacks.last_checkpoint.every_n_train_steps=1",
-    "callbacks.last_checkpoint.every_n_epochs=null",
     "data.train_transform={_target_: torchvision.transforms.v2.RandomAffine, degrees: 10}",
 ]
-STEPS = 2 * 20
+RUN = [
+    *DEFAULT_CHECKPOINTS,
+    "callbacks.last_checkpoint.every_n_train_steps=1",
+    "callbacks.last_checkpoint.every_n_epochs=null",
+]
+EVERY_5_STEPS = [
+    *DEFAULT_CHECKPOINTS,
+    "callbacks.last_checkpoint.every_n_train_steps=5",
+    "callbacks.last_checkpoint.every_n_epochs=null",
+]
+STEPS_PER_EPOCH = 20
+STEPS = 2 * STEPS_PER_EPOCH
 
 
 def final_state(run_dir):
@@ -48,6 +62,41 @@ def killed_run(run: list[str], run_dir, kill_step: int):
     return run_dir / "checkpoints" / "last.ckpt"
 
 
+class SignalAtStep(Callback):
+    """Sends its own process `name` (a signal) at the end of optimizer step `step`."""
+
+    def __init__(self, step: int, name: str):
+        self.step, self.signum = step, getattr(signal, name)
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def signalled_run(run: list[str], run_dir, step: int, name: str):
+    """`train(<run>)` in this process, sent signal `name` at the end of step `step`; the
+    checkpoint it saved."""
+    signaller = [
+        "+callbacks.signaller._target_=tests.test_resume.SignalAtStep",
+        f"+callbacks.signaller.step={step}",
+        f"+callbacks.signaller.name={name}",
+    ]
+    record = train(compose_config(run_dir, [*run, *signaller, "test=false"]))
+    assert record["preempted"] is True, f"{name} did not stop the run"
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def assert_resumes_exactly(run: list[str], run_dir, last, expected):
+    """`train(<run> ckpt_path=<last>)` ends in the `expected` final state of the uninterrupted
+    run: its weights, optimizer state and metrics."""
+    train(compose_config(run_dir, [*run, f"ckpt_path={last}"]))
+    expected_checkpoint, expected_metrics = expected
+    checkpoint, metrics = final_state(run_dir)
+    assert checkpoint["global_step"] == expected_checkpoint["global_step"]
+    assert_same_training_state(expected_checkpoint, checkpoint)
+    assert metrics == expected_metrics
+
+
 def assert_same_training_state(expected_checkpoint, checkpoint):
     assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
     assert_same_tensors(
@@ -57,9 +106,18 @@ def assert_same_training_state(expected_checkpoint, checkpoint):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("uninterrupted")
-    train(compose_config(run_dir, RUN))
-    return final_state(run_dir)
+    """The final state of `train(<run>)` uninterrupted, for each run asked for (once each: the
+    checkpoint callbacks decide which metric states the last checkpoint holds)."""
+    finished = {}
+
+    def final(run: list[str]):
+        if tuple(run) not in finished:
+            run_dir = tmp_path_factory.mktemp("uninterrupted")
+            train(compose_config(run_dir, run))
+            finished[tuple(run)] = final_state(run_dir)
+        return finished[tuple(run)]
+
+    return final
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -70,27 +128,94 @@ def test_sigkill_at_a_random_step_then_resume_matches_the_uninterrupted_run(
     last = killed_run(RUN, tmp_path, kill_step)
     assert torch.load(last, weights_only=True)["global_step"] == kill_step - 1
 
-    train(compose_config(tmp_path, [*RUN, f"ckpt_path={last}"]))
-    expected_checkpoint, expected_metrics = uninterrupted
-    checkpoint, metrics = final_state(tmp_path)
+    assert_resumes_exactly(RUN, tmp_path, last, uninterrupted(RUN))
+
+
+def test_a_cnn_with_dropout_stopped_after_an_epoch_resumes_exactly_from_its_epoch_checkpoint(
+    tmp_path, uninterrupted
+):
+    """The default end-of-epoch checkpoint is written before the next epoch's loader draws its
+    seed from the RNG; the resumed run must draw it from the restored state too."""
+    train(compose_config(tmp_path, [*DEFAULT_CHECKPOINTS, "trainer.max_epochs=1", "test=false"]))
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=True)["global_step"] == STEPS_PER_EPOCH
+    assert_resumes_exactly(
+        DEFAULT_CHECKPOINTS, tmp_path, "last", uninterrupted(DEFAULT_CHECKPOINTS)
+    )
+
+
+def test_sigterm_mid_epoch_then_resume_matches_the_uninterrupted_run(tmp_path, uninterrupted):
+    last = signalled_run(DEFAULT_CHECKPOINTS, tmp_path, step=13, name="SIGTERM")
+    assert torch.load(last, weights_only=True)["global_step"] == 14  # after the step in progress
+    assert_resumes_exactly(DEFAULT_CHECKPOINTS, tmp_path, last, uninterrupted(DEFAULT_CHECKPOINTS))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("run", "kill_step", "saved_step"),
+    [
+        (DEFAULT_CHECKPOINTS, STEPS_PER_EPOCH + 3, STEPS_PER_EPOCH),  # back to the epoch's end
+        (EVERY_5_STEPS, 28, 25),  # back to a periodic checkpoint mid-epoch
+    ],
+    ids=["epoch checkpoint", "every 5 steps"],
+)
+def test_sigkill_then_resume_from_the_default_checkpoints_matches_the_uninterrupted_run(
+    tmp_path, uninterrupted, run, kill_step, saved_step
+):
+    last = killed_run(run, tmp_path, kill_step)
+    assert torch.load(last, weights_only=True)["global_step"] == saved_step
+    assert_resumes_exactly(run, tmp_path, last, uninterrupted(run))
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="A checkpoint written after an epoch's last step holds a loader state that has "
+    "yielded the whole epoch; resumed, the loader yields nothing more and training ends there.",
+)
+def test_a_periodic_checkpoint_at_the_last_step_of_an_epoch_resumes_into_the_next_epoch(
+    tmp_path, uninterrupted
+):
+    last = killed_run(EVERY_5_STEPS, tmp_path, STEPS_PER_EPOCH + 1)
+    assert torch.load(last, weights_only=True)["global_step"] == STEPS_PER_EPOCH
+    assert_resumes_exactly(EVERY_5_STEPS, tmp_path, last, uninterrupted(EVERY_5_STEPS))
+
+
+def test_simplenet_stopped_after_an_epoch_resumes_exactly(tmp_path):
+    run = [*FAST, "model=simplenet", "trainer.deterministic=true", "test=false"]
+    train(compose_config(tmp_path / "whole", [*run, "trainer.max_epochs=2"]))
+    train(compose_config(tmp_path / "stopped", [*run, "trainer.max_epochs=1"]))
+    train(compose_config(tmp_path / "stopped", [*run, "trainer.max_epochs=2", "ckpt_path=last"]))
+    expected_checkpoint, expected_metrics = final_state(tmp_path / "whole")
+    checkpoint, metrics = final_state(tmp_path / "stopped")
     assert checkpoint["global_step"] == expected_checkpoint["global_step"] == STEPS
     assert_same_training_state(expected_checkpoint, checkpoint)
     assert metrics == expected_metrics
 
 
-@pytest.mark.slow
-def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path):
-    """Epoch-based, with a cosine schedule over the run's total steps: asking the Trainer for
-    them before the restore would lose the data loader's position (Lightning #20550)."""
-    run = [
-        *FAST,
-        *text_lm_overrides(shakespeare_excerpt(tmp_path, 6000)),
+# Each LM at its tiniest, on a packed Tiny Shakespeare excerpt.
+TINY_LMS = {
+    "qwen3_tiny": TINY_LM,
+    "qwen3_next_tiny": [
         "model=qwen3_next_tiny",
         "model.config.hidden_size=32",
         "model.config.intermediate_size=64",
         "model.config.head_dim=16",
         "model.config.linear_key_head_dim=8",
         "model.config.linear_value_head_dim=8",
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", list(TINY_LMS))
+def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path, model):
+    """Epoch-based, with a cosine schedule over the run's total steps: asking the Trainer for
+    them before the restore would lose the data loader's position (Lightning #20550)."""
+    run = [
+        *FAST,
+        *text_lm_overrides(shakespeare_excerpt(tmp_path, 6000)),
+        *TINY_LMS[model],
         "scheduler.scheduler.warmup_steps=2",
         "data.max_seq_len=64",
         "data.batch_size=2",
@@ -102,12 +227,36 @@ def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path):
         "test=false",
     ]
     train(compose_config(tmp_path / "whole", run))
-    expected_checkpoint, expected_metrics = final_state(tmp_path / "whole")
-    steps = expected_checkpoint["global_step"]
-    kill_step = steps // 2 + 3  # inside the second epoch
+    expected = final_state(tmp_path / "whole")
+    kill_step = expected[0]["global_step"] // 2 + 3  # inside the second epoch
     last = killed_run(run, tmp_path / "killed", kill_step)
-    train(compose_config(tmp_path / "killed", [*run, f"ckpt_path={last}"]))
-    checkpoint, metrics = final_state(tmp_path / "killed")
-    assert checkpoint["global_step"] == steps
-    assert_same_training_state(expected_checkpoint, checkpoint)
-    assert metrics == expected_metrics
+    assert_resumes_exactly(run, tmp_path / "killed", last, expected)
+
+
+def test_ckpt_path_last_in_a_fresh_run_dir_is_refused_naming_the_runs_to_resume(tmp_path):
+    runs = tmp_path / "train" / "runs"
+    for age, name in enumerate(["newest", "older", "oldest"]):
+        last = runs / name / "checkpoints" / "last.ckpt"
+        last.parent.mkdir(parents=True)
+        last.touch()
+        os.utime(last, (1e9 - age, 1e9 - age))
+    (runs / "no_checkpoint").mkdir()
+    result = run_train(
+        [*FAST, "ckpt_path=last", f"paths.log_dir={tmp_path}"], run_dir=None, check=False
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("Error: ckpt_path=last"), error
+    assert "hydra.run.dir is not set" in error, error
+    listed = f"{runs / 'newest'}, {runs / 'older'}, {runs / 'oldest'}."
+    assert listed in error, error
+    assert f"hydra.run.dir={runs / 'newest'} ckpt_path=last" in error, error
+    assert "no_checkpoint" not in error, error
+
+
+def test_ckpt_path_last_in_a_pinned_run_dir_without_a_checkpoint_starts_fresh(tmp_path):
+    run = [*FAST, "ckpt_path=last", "trainer.limit_train_batches=2", "test=false"]
+    record = train(compose_config(tmp_path, run))
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+    assert "train/loss" in record["metrics"]

@@ -1,5 +1,5 @@
 """Save a checkpoint and stop cleanly when the job is asked to stop (SIGTERM, SIGUSR1,
-SIGUSR2).
+SIGUSR2) or the user presses Ctrl-C (SIGINT).
 
 The signal handler only raises a flag; the checkpoint is written at the next batch boundary,
 never from inside the handler, where it could capture a half-finished optimizer step.
@@ -7,19 +7,23 @@ never from inside the handler, where it could capture a half-finished optimizer 
 
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import threading
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 log = logging.getLogger(__name__)
 
 
 class Preemption(Callback):
-    """On one of `signals`: write `<dirpath>/<filename>` after the current step, then stop.
+    """On one of `signals` or `interrupts`: write `<dirpath>/<filename>` after the current
+    step, print the command that resumes from it, then stop.
 
+    A second signal of `interrupts` (Ctrl-C pressed again) stops at once, without the save.
     With `requeue=true` inside a SLURM job, the job is also requeued (`scontrol requeue`), so
     it resumes with `ckpt_path=last` in the same run directory. For the signals in
     `hand_over` (SIGUSR2: submitit's time-limit warning, used by `hydra/launcher=slurm`), the
@@ -34,11 +38,13 @@ class Preemption(Callback):
         signals: tuple[str, ...] = ("SIGTERM", "SIGUSR1", "SIGUSR2"),
         requeue: bool = False,
         hand_over: tuple[str, ...] = ("SIGUSR2",),
+        interrupts: tuple[str, ...] = ("SIGINT",),
     ):
         self.path = Path(dirpath) / filename
-        self.signals = [getattr(signal, name) for name in signals if hasattr(signal, name)]
+        self.interrupts = _signals(interrupts)
+        self.signals = _signals(signals) | self.interrupts
         self.requeue = requeue
-        self.hand_over = {getattr(signal, name) for name in hand_over if hasattr(signal, name)}
+        self.hand_over = _signals(hand_over)
         self.received: int | None = None
         self.saved = False
         self._previous: dict[int, object] = {}
@@ -46,11 +52,15 @@ class Preemption(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be installed from the main thread
-        for signum in self.signals:
+        for signum in sorted(self.signals):
             self._previous[signum] = signal.signal(signum, self._flag)
 
     def _flag(self, signum: int, frame: object) -> None:
+        if signum in self.interrupts and self.received is not None:
+            signal.default_int_handler(signum, frame)  # KeyboardInterrupt: stop now
         self.received = signum
+        if signum in self.interrupts:
+            log.warning("Interrupted: saving after this step (press Ctrl-C again to stop now).")
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
         if self.received is None or self.saved:
@@ -59,7 +69,11 @@ class Preemption(Callback):
         trainer.save_checkpoint(self.path)
         self.saved = True
         log.warning(
-            "%s received: saved %s at step %d and stopping.", name, self.path, trainer.global_step
+            "%s received: saved %s at step %d and stopping. Resume with:\n  %s",
+            name,
+            self.path,
+            trainer.global_step,
+            resume_command(trainer.default_root_dir),
         )
         trainer.should_stop = True
         # Stop now: Lightning would otherwise train on until min_epochs / min_steps are met.
@@ -81,3 +95,23 @@ class Preemption(Callback):
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+
+
+def _signals(names: tuple[str, ...]) -> set[int]:
+    """The signal numbers of `names` that this platform has."""
+    return {getattr(signal, name) for name in names if hasattr(signal, name)}
+
+
+def resume_command(run_dir: str) -> str:
+    """`python <script> <this run's overrides> hydra.run.dir=<run_dir> ckpt_path=last`."""
+    overrides, script = [], "train.py"
+    if HydraConfig.initialized():
+        config = HydraConfig.get()
+        script = f"{config.job.name}.py"
+        overrides = [
+            override
+            for override in config.overrides.task
+            if not override.startswith(("ckpt_path=", "hydra.run.dir="))
+        ]
+    words = ["python", script, *overrides, f"hydra.run.dir={run_dir}", "ckpt_path=last"]
+    return shlex.join(words)

@@ -2,9 +2,15 @@
 
 Lightning checkpoints hold no RNG state, so a resumed run draws different dropout masks,
 augmentations and shuffles than the uninterrupted run would have. The states are stored as
-tensors and plain values (safe under `weights_only=True`) and restored in `on_train_start`,
-after Lightning has rebuilt the loops but before the training loader is iterated: restoring
-any earlier is undone by the work that comes between.
+tensors and plain values (safe under `weights_only=True`).
+
+When they are put back matters as much as what they are. Building a training iterator draws
+its base seed from the global torch generator. A run saved mid-epoch had already built its
+iterator, and the resumed run builds one before `on_train_start`: restoring there undoes that
+extra draw. A run saved between epochs (the default end-of-epoch checkpoint) had not yet built
+the next epoch's: its states go back in `on_fit_start`, so that the resumed run builds it from
+them, draw included, as the uninterrupted run did. (The sanity check in between runs under
+Lightning's `isolate_rng` and leaves them alone.)
 """
 
 import random
@@ -40,18 +46,33 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 
 class RNGState(Callback):
-    """Checkpoints the RNG states and puts them back when training resumes."""
+    """Checkpoints the RNG states and puts them back on resume, at the point of the loop where
+    they were saved."""
 
     def __init__(self):
         self._pending: dict[str, Any] | None = None
+        self._between_epochs = False
+
+    def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._between_epochs = False
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._between_epochs = True
 
     def state_dict(self) -> dict[str, Any]:
-        return capture_rng_states()
+        return {**capture_rng_states(), "between_epochs": self._between_epochs}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending = state_dict
 
+    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._pending is not None and self._pending.get("between_epochs"):
+            self._restore()
+
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._pending is not None:
-            restore_rng_states(self._pending)
-            self._pending = None
+            self._restore()
+
+    def _restore(self) -> None:
+        restore_rng_states(self._pending)
+        self._pending = None

@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
 
@@ -48,15 +49,32 @@ class ImageFolderDataModule(ImageDataModule):
 
     def _image_folder(self, root: Path, classes: list[str] | None = None) -> ImageFolder:
         try:
-            folder = ImageFolder(str(root))
+            folder = ImageFolder(str(root), loader=read_image)
         except FileNotFoundError as error:  # no class folders, or no images in them
             raise MissingFileError(
                 f"{error} An image folder needs one sub-folder per class holding images "
                 f"(e.g. {root}/cat/1.jpg, {root}/dog/2.jpg)."
             ) from None
+        if len(folder.classes) < 2:
+            raise DataError(
+                f"{root} holds images of one class only ({folder.classes[0]}/): a classifier "
+                f"needs at least two, each in its own sub-folder (e.g. {root}/cat/, {root}/dog/)."
+            )
         if classes is not None and folder.classes != classes:
             raise DataError(
                 f"{root} has classes {folder.classes} but the training folder has {classes}; "
                 f"every split needs the same class sub-folders."
             )
         return folder
+
+
+def read_image(path: str) -> Image.Image:
+    """ImageFolder's image loader, naming the file that cannot be read."""
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError) as error:
+        raise DataError(
+            f"{path} is not a readable image ({error}). Delete or replace it, or move it out of "
+            f"data.data_dir."
+        ) from None

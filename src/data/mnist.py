@@ -1,17 +1,20 @@
 """MNIST and its drop-in siblings (Fashion-MNIST, KMNIST) through torchvision."""
 
 import contextlib
+import gzip
 import io
 import logging
+import shutil
+import zlib
 from pathlib import Path
 
 import torchvision
 from torch.utils.data import Dataset, TensorDataset
-from torchvision.datasets.utils import extract_archive
 
 from src.data.image import ImageDataModule
 from src.data.splits import split_off
 from src.utils.errors import ConfigError, DataError, MissingFileError
+from src.utils.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +53,7 @@ class MNISTDataModule(ImageDataModule):
         for name in self._missing_files():
             gz = self.raw_folder / f"{name}.gz"
             if gz.exists():
-                extract_archive(str(gz), str(self.raw_folder))
+                unpack(gz)
         if self._missing_files() and self.download:
             self._try_download()
         if missing := self._missing_files():
@@ -92,3 +95,20 @@ class MNISTDataModule(ImageDataModule):
         except Exception as error:  # noqa: BLE001 - any network failure means "not available"
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             log.warning("Could not download %s: %s", self.dataset_class.__name__, reason)
+
+
+def unpack(gz: Path) -> None:
+    """Unpack `<name>.gz` to `<name>` beside it, whole or not at all: a truncated archive is
+    named, and leaves no partial file that a later run would take for the data."""
+
+    def copy(file) -> None:
+        with gzip.open(gz, "rb") as archive:
+            shutil.copyfileobj(archive, file)
+
+    try:
+        write_atomically(gz.with_suffix(""), copy, what="dataset file")
+    except (EOFError, gzip.BadGzipFile, zlib.error) as error:
+        raise DataError(
+            f"{gz} is truncated or corrupt ({error}). Delete it to download it again, or "
+            f"replace it with an intact copy."
+        ) from None

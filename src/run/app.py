@@ -1,15 +1,21 @@
-"""How every entry point starts: the project root, the config resolvers, one-line user errors."""
+"""How every entry point starts: the project root, the config resolvers, one-line user errors,
+required values checked, one run per directory."""
 
+import functools
 import inspect
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from src.run.config_checks import check_accelerator, check_required_values
 from src.run.launch import register_launch_resolvers
+from src.run.run_lock import pinned_run_dir, run_dir_lock
 from src.utils.errors import exit_on_user_error
 
 
@@ -27,16 +33,39 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
     """Decorator: `task(cfg)` becomes the `main()` of a Hydra app on `conf/<config_name>.yaml`.
 
     Before Hydra composes anything it sets PROJECT_ROOT (read by conf/paths/) and registers the
-    launch resolvers (read by conf/hydra/); a UserFacingError raised by the task is printed as
-    one line (see `exit_on_user_error`).
+    launch resolvers (read by conf/hydra/); the task runs once every required value is set,
+    holding the lock on its run directory (see `run_dir_lock`), and a UserFacingError it raises
+    is printed as one line (see `exit_on_user_error`).
     """
 
     def decorate(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
         root = project_root(Path(inspect.getfile(task)))
         os.environ.setdefault("PROJECT_ROOT", str(root))
         register_launch_resolvers()
-        return hydra.main(
+        app = hydra.main(
             version_base="1.3", config_path=str(root / "conf"), config_name=config_name
-        )(exit_on_user_error(task))
+        )(exit_on_user_error(checked_and_locked(task)))
+
+        @functools.wraps(app)
+        @exit_on_user_error
+        def main() -> Any:
+            with run_dir_lock(pinned_run_dir(sys.argv[1:])):  # before Hydra writes there
+                return app()
+
+        return main
 
     return decorate
+
+
+def checked_and_locked(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
+    """`task`, run once its config has every required value and a device this machine has,
+    holding the lock on the directory Hydra made for it."""
+
+    @functools.wraps(task)
+    def run(cfg: DictConfig) -> Any:
+        check_required_values(cfg)
+        check_accelerator(cfg)
+        with run_dir_lock(HydraConfig.get().runtime.output_dir):
+            return task(cfg)
+
+    return run

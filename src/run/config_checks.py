@@ -1,9 +1,12 @@
-"""Catch wrongly typed config values before anything is built, with a message that says the fix.
+"""Catch missing and wrongly typed config values before anything is built, with a message that
+says the fix.
 
 Hydra reports unknown group options well ("Could not find 'model/foo'... Available options"),
 but a value of the wrong type (`trainer.max_epochs=ten`) would otherwise surface as a traceback
 deep inside the object that received it. This walks every `_target_` node, reads the target's
-signature and compares each plain value with the parameter's annotation.
+signature and compares each plain value with the parameter's annotation. A required value left
+unset (`???`, e.g. `data.path` of data=tensors) would surface as OmegaConf's
+MissingMandatoryValue traceback wherever it is first read; it is named up front instead.
 """
 
 import inspect
@@ -12,19 +15,90 @@ import typing
 from typing import Any
 
 import hydra
+import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.utils.errors import ConfigError
 
 
 def check_config_types(cfg: DictConfig, path: str = "") -> None:
-    """Raise ConfigError for the first value whose type contradicts its target's signature."""
+    """Raise ConfigError for required values left unset, or else for the first value whose type
+    contradicts its target's signature."""
+    if not path:
+        check_required_values(cfg)
+        check_optimizer_values(cfg)
     for key, node in _items(cfg):
         child_path = f"{path}.{key}" if path else str(key)
         if isinstance(node, DictConfig | ListConfig):
             if isinstance(node, DictConfig) and "_target_" in node:
                 _check_target_node(node, child_path)
             check_config_types(node, child_path)
+
+
+def check_required_values(cfg: DictConfig) -> None:
+    """Raise ConfigError naming every required value (`???`) that no option or override set."""
+    missing = sorted(_missing_keys(OmegaConf.to_container(cfg, resolve=False)))
+    if missing:
+        settings = " ".join(f"{key}=..." for key in missing)
+        raise ConfigError(
+            f"Required config value{'s' if len(missing) > 1 else ''} not set: "
+            f"{', '.join(missing)}. Set {'them' if len(missing) > 1 else 'it'} on the command "
+            f"line: {settings}"
+        )
+
+
+def _missing_keys(value: Any, path: str = "") -> list[str]:
+    """The dotted keys of `???` in a config made plain without resolving it (an interpolation
+    of a missing value, such as model.num_classes=${data.num_classes}, is not reported twice)."""
+    if value == "???":
+        return [path]
+    if not isinstance(value, dict | list):
+        return []
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    return [
+        key
+        for child, item in items
+        for key in _missing_keys(item, f"{path}.{child}" if path else str(child))
+    ]
+
+
+def check_optimizer_values(cfg: DictConfig) -> None:
+    """Build the configured optimizer on one dummy parameter, so that a value it refuses
+    (`optimizer.lr=-1`, betas outside [0, 1)) is named now, not as a traceback from inside
+    Lightning's first step. Other failures (an unknown key, added or removed elsewhere) are
+    left to the run."""
+    optimizer = cfg.get("optimizer")
+    if not isinstance(optimizer, DictConfig) or "_target_" not in optimizer:
+        return
+    try:
+        build = hydra.utils.instantiate(optimizer)
+        build([torch.nn.Parameter(torch.zeros(1))])
+    except ValueError as error:
+        values = " ".join(
+            f"optimizer.{key}={value}" for key, value in optimizer.items() if key[0] != "_"
+        )
+        raise ConfigError(
+            f"{optimizer._target_} refuses this config ({values}): {error}. Fix the value it "
+            f"names on the command line, e.g. optimizer.lr=1e-3."
+        ) from None
+    except Exception:  # noqa: BLE001 - anything else is the run's to report
+        return
+
+
+def check_accelerator(cfg: DictConfig) -> None:
+    """Refuse a GPU trainer on a machine without one, pointing at the CPU trainer (Lightning's
+    own error names neither the key nor the fix). A check of the machine, not of the config:
+    the entry points run it, not `check_config_types`, which also checks GPU configs on CPUs."""
+    trainer = cfg.get("trainer") or {}
+    accelerator = str(trainer.get("accelerator", "auto")).lower()
+    has_gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
+    if accelerator in ("gpu", "cuda", "mps") and not has_gpu:
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} but torch sees no GPU on this machine "
+            f"(torch {torch.__version__} finds no CUDA or MPS device). Train on the CPU with "
+            f"trainer=cpu (or trainer=ddp_cpu for several processes), or install a CUDA build "
+            f"of torch."
+        )
 
 
 def _items(cfg: DictConfig | ListConfig):

@@ -43,9 +43,20 @@ def exit_on_user_error(main: Callable) -> Callable:
                 cause = cause.__cause__ or cause.__context__
             if cause is None or (_in_multirun() and not isinstance(cause, LaunchError)):
                 raise
-            raise SystemExit(f"Error: {cause}") from None
+            raise SystemExit(f"Error: {user_message(cause)}") from None
 
     return wrapper
+
+
+def user_message(error: UserFacingError) -> str:
+    """The error's message. One raised in a DataLoader worker reaches the main process with
+    the worker's traceback as its message ("Caught DataError in DataLoader worker process 0.
+    Original Traceback ..."): its last line holds the message the user needs."""
+    message = str(error)
+    if message.startswith("Caught ") and "\nOriginal Traceback" in message:
+        last = message.strip().splitlines()[-1]
+        return last.split(": ", 1)[1] if ": " in last else last
+    return message
 
 
 def _in_multirun() -> bool:

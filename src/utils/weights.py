@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
@@ -19,34 +20,67 @@ from src.utils.errors import CheckpointError, MissingFileError
 PREFIX = "net."  # the LightningModule attribute holding the network
 
 
+# What a file is, by its first bytes.
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format since PyTorch 1.6
+PICKLE_MAGIC = b"\x80"  # the legacy torch.save format starts with a pickle protocol byte
+
+
+def is_safetensors(head: bytes) -> bool:
+    """safetensors: an 8-byte little-endian header length, then the JSON header."""
+    return len(head) > 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 1
+
+
 def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """torch.load with `weights_only=True`: tensors and plain Python values, never code."""
+    """torch.load with `weights_only=True`: tensors and plain Python values, never code. A file
+    that is not a torch checkpoint is named for what it is, with what to pass instead."""
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"Checkpoint {str(path)!r} does not exist.")
+    with path.open("rb") as file:
+        head = file.read(16)
+    if is_safetensors(head):
+        raise CheckpointError(
+            f"{path} is a safetensors weights file, not a checkpoint of a training run: it holds "
+            f"no optimizer, loop or config state. Start training from its weights with "
+            f"model.pretrained={path}; to resume, evaluate or export, pass a .ckpt written by "
+            f"train.py (logs/train/runs/<run>/checkpoints/)."
+        )
+    if not head.startswith((ZIP_MAGIC, PICKLE_MAGIC)):
+        kind = "an empty file" if not head else f"a file starting with bytes {head[:8]!r}"
+        raise CheckpointError(
+            f"{path} is not a PyTorch checkpoint ({kind}). Pass a .ckpt written by train.py "
+            f"(logs/train/runs/<run>/checkpoints/last.ckpt)."
+        )
     try:
-        # mmap: a large checkpoint is paged in as read, not copied into memory up front.
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
-    except RuntimeError as error:
-        if "mmap" not in str(error):  # only files in the legacy (non-zip) format need this
-            raise _corrupt(path, error) from None
-        return torch.load(path, map_location=map_location, weights_only=True)
+        # mmap: a large checkpoint is paged in as read, not copied into memory up front;
+        # only the zip format can be mapped.
+        mmap = head.startswith(ZIP_MAGIC)
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
-        reason = str(error).split("\n")[0]
         raise CheckpointError(
             f"Refusing to load {path}: it holds pickled Python objects, not only tensors and "
-            f"plain values ({reason}). Unpickling them could run arbitrary code. If you trust "
-            f"the file's origin, re-save its tensors (e.g. its state_dict) as .safetensors."
+            f"plain values ({unpickler_reason(error)}). Unpickling them could run arbitrary "
+            f"code. If you trust the file's origin, re-save its tensors (e.g. its state_dict) "
+            f"as .safetensors."
         ) from None
-    except (EOFError, zipfile.BadZipFile) as error:
+    except (RuntimeError, EOFError, zipfile.BadZipFile) as error:
         raise _corrupt(path, error) from None
 
 
+def unpickler_reason(error: pickle.UnpicklingError) -> str:
+    """What torch's weights-only unpickler refused, without its advice to load the file unsafely
+    (`weights_only=False`), which is the load this template exists to avoid."""
+    for line in str(error).splitlines():
+        if "WeightsUnpickler error:" in line:
+            return line.split("WeightsUnpickler error:", 1)[1].strip()
+    return "not plain data"
+
+
 def _corrupt(path: Path, error: Exception) -> CheckpointError:
+    reason = str(error).splitlines()[0].split(". ")[0] if str(error) else type(error).__name__
     return CheckpointError(
-        f"{path} is not a readable checkpoint (truncated or corrupt: "
-        f"{str(error).splitlines()[0]}). Use another one, e.g. an earlier checkpoint from the "
-        f"same folder."
+        f"{path} is not a readable checkpoint (truncated or corrupt: {reason}). Use another "
+        f"one, e.g. an earlier checkpoint from the same folder."
     )
 
 
@@ -65,8 +99,18 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
         path = path / "model.safetensors"
     if not path.is_file():
         raise MissingFileError(f"model.pretrained={str(path)!r} does not exist.")
+    with path.open("rb") as file:
+        head = file.read(16)
+    if is_safetensors(head):
+        try:
+            return load_file(path)
+        except SafetensorError as error:
+            raise _corrupt(path, error) from None
     if path.suffix == ".safetensors":
-        return load_file(path)
+        raise CheckpointError(
+            f"model.pretrained={str(path)!r} is named .safetensors but is not a safetensors "
+            f"file (it starts with bytes {head[:8]!r}): pass the weights file itself."
+        )
     if path.suffix in (".ckpt", ".pt", ".pth"):
         return network_state_dict(load_checkpoint(path))
     raise CheckpointError(

@@ -1,0 +1,85 @@
+"""One run per directory: a second run into a directory in use is refused, and a lock never
+outlives its process."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+from src.run.run_lock import LOCK_FILE, RunDirInUse, run_dir_lock
+from tests.helpers import FAST, ROOT, run_train
+
+HOLD = (
+    "import sys, time\n"
+    "from src.run.run_lock import run_dir_lock\n"
+    "with run_dir_lock(sys.argv[1]):\n"
+    "    print('locked', flush=True)\n"
+    "    time.sleep(120)\n"
+)
+
+
+def holding_process(run_dir) -> subprocess.Popen:
+    """A process that holds the lock on `run_dir` until it is killed."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(run_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout.readline().strip() == "locked"
+    return process
+
+
+def test_a_directory_locked_by_a_live_process_is_refused_naming_it(tmp_path):
+    holder = holding_process(tmp_path)
+    try:
+        try:
+            with run_dir_lock(tmp_path):
+                raise AssertionError("a second lock on a directory in use was granted")
+        except RunDirInUse as error:
+            message = str(error)
+        assert f"in use by process {holder.pid} on " in message, message
+        assert str(tmp_path) in message and "hydra.run.dir" in message, message
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_lock_of_a_process_killed_with_sigkill_does_not_block_the_next_run(tmp_path):
+    holder = holding_process(tmp_path)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    recorded = json.loads((tmp_path / LOCK_FILE).read_text())
+    assert recorded["pid"] == holder.pid  # the dead process's record is still there
+    with run_dir_lock(tmp_path):
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert not (tmp_path / LOCK_FILE).exists(), "the lock file outlived the run"
+
+
+def test_a_second_training_into_a_run_dir_in_use_is_refused_before_hydra_writes_there(
+    tmp_path,
+):
+    holder = holding_process(tmp_path)
+    try:
+        (tmp_path / ".hydra").mkdir()
+        (tmp_path / ".hydra" / "config.yaml").write_text("the first run's config\n")
+        result = run_train([*FAST], tmp_path, check=False, timeout=120)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("Error: The run directory"), last_line
+    assert f"in use by process {holder.pid}" in last_line, last_line
+    assert (tmp_path / ".hydra" / "config.yaml").read_text() == "the first run's config\n"
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_lock_is_released_when_the_run_fails(tmp_path):
+    try:
+        with run_dir_lock(tmp_path):
+            raise ValueError("the run failed")
+    except ValueError:
+        pass
+    assert not (tmp_path / LOCK_FILE).exists(), "a failed run left its lock file"
+    with run_dir_lock(tmp_path):  # raises RunDirInUse if the lock were still held
+        pass

@@ -15,6 +15,7 @@ from src.checkpoints import io as checkpoint_io
 from src.checkpoints.io import save_atomically
 from src.checkpoints.restore import restore
 from src.utils.errors import CheckpointError
+from src.utils.files import write_atomically
 from src.utils.weights import load_checkpoint
 from tests.helpers import FAST, ROOT, run_script, run_train
 
@@ -159,3 +160,21 @@ def test_a_process_killed_while_saving_leaves_a_loadable_checkpoint(tmp_path):
         writer.wait()
         checkpoint = load_checkpoint(path)
         assert torch.all(checkpoint["weights"] == checkpoint["version"])
+
+
+def test_a_save_removes_temporary_files_of_dead_processes_but_not_of_live_ones(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        left = tmp_path / f".last.ckpt.tmp-{dead}"
+        in_progress = tmp_path / f".last.ckpt.tmp-{live.pid}"
+        for path in (left, in_progress):
+            path.write_bytes(b"partial")
+        write_atomically(tmp_path / "last.ckpt", b"new")
+        assert not left.exists(), "a dead process's leftover was kept"
+        assert in_progress.read_bytes() == b"partial", "a live process's save was deleted"
+        assert (tmp_path / "last.ckpt").read_bytes() == b"new"
+    finally:
+        live.kill()
+        live.wait()

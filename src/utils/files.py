@@ -17,7 +17,8 @@ def write_atomically(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed mid-save
-        stale.unlink(missing_ok=True)
+        if not is_alive(stale.name.rpartition("-")[2]):  # never a save still in progress
+            stale.unlink(missing_ok=True)
     temporary = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with temporary.open("wb") as file:
@@ -38,6 +39,20 @@ def write_atomically(
             ) from error
         raise
     fsync_folder(path.parent)
+
+
+def is_alive(pid: str) -> bool:
+    """Whether the process with this id (as written in a temporary file's name) still runs on
+    this machine; a name that holds no id counts as dead."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)  # signal 0: only the existence check
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def fsync_folder(folder: Path) -> None:

@@ -115,6 +115,18 @@ class KillAtStep(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class SignalAtStep(Callback):
+    """A callback (`+callbacks.signaller=...`) that sends its own process the signal `name` at
+    the end of optimizer step `step`."""
+
+    def __init__(self, step: int, name: str):
+        self.step, self.signum = step, getattr(signal, name)
+
+    def on_train_batch_end(self, trainer, *args, **kwargs):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
 # A Qwen3-style LM small enough to train for a few steps in seconds.
 TINY_LM = [
     "model=qwen3_tiny",

@@ -135,17 +135,6 @@ def test_a_non_finite_gradient_is_caught_before_the_step_naming_the_parameter(tm
         train(cfg)
 
 
-class SignalAtStep(Callback):
-    """Sends its own process `signal` at the end of optimizer step `step`."""
-
-    def __init__(self, step: int, name: str):
-        self.step, self.signum = step, getattr(signal, name)
-
-    def on_train_batch_end(self, trainer, *args):
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), self.signum)
-
-
 def test_the_time_limit_signal_saves_then_hands_over_to_the_launchers_handler(tmp_path):
     handed_over = []
 
@@ -158,7 +147,7 @@ def test_the_time_limit_signal_saves_then_hands_over_to_the_launchers_handler(tm
         overrides = [
             *FAST,
             "trainer.max_epochs=3",
-            "+callbacks.signal._target_=tests.test_reliability.SignalAtStep",
+            "+callbacks.signal._target_=tests.helpers.SignalAtStep",
             "+callbacks.signal.step=5",
             "+callbacks.signal.name=SIGUSR2",
         ]
@@ -174,7 +163,7 @@ def test_ctrl_c_saves_after_the_step_and_prints_a_command_that_resumes(tmp_path,
     overrides = [
         *FAST,
         "trainer.max_epochs=2",
-        "+callbacks.signal._target_=tests.test_reliability.SignalAtStep",
+        "+callbacks.signal._target_=tests.helpers.SignalAtStep",
         "+callbacks.signal.step=5",
         "+callbacks.signal.name=SIGINT",
     ]

@@ -3,11 +3,9 @@
 import json
 import os
 import random
-import signal
 
 import pytest
 import torch
-from lightning.pytorch import Callback
 
 from tests.helpers import (
     FAST,
@@ -62,22 +60,11 @@ def killed_run(run: list[str], run_dir, kill_step: int):
     return run_dir / "checkpoints" / "last.ckpt"
 
 
-class SignalAtStep(Callback):
-    """Sends its own process `name` (a signal) at the end of optimizer step `step`."""
-
-    def __init__(self, step: int, name: str):
-        self.step, self.signum = step, getattr(signal, name)
-
-    def on_train_batch_end(self, trainer, *args):
-        if trainer.global_step == self.step:
-            os.kill(os.getpid(), self.signum)
-
-
 def signalled_run(run: list[str], run_dir, step: int, name: str):
     """`train(<run>)` in this process, sent signal `name` at the end of step `step`; the
     checkpoint it saved."""
     signaller = [
-        "+callbacks.signaller._target_=tests.test_resume.SignalAtStep",
+        "+callbacks.signaller._target_=tests.helpers.SignalAtStep",
         f"+callbacks.signaller.step={step}",
         f"+callbacks.signaller.name={name}",
     ]

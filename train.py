@@ -23,6 +23,7 @@ from src.run.trainer import (
     check_launch,
     plain_config,
     run_overrides,
+    was_interrupted,
     was_preempted,
 )
 
@@ -64,6 +65,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         start,
         best_model_path=best_path or None,
         preempted=preempted,
+        interrupted=was_interrupted(trainer),
     )
     return evaluate_after_training(cfg, trainer, record)
 

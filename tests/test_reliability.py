@@ -168,7 +168,8 @@ def test_ctrl_c_saves_after_the_step_and_prints_a_command_that_resumes(tmp_path,
         "+callbacks.signal.name=SIGINT",
     ]
     record = train(compose_config(tmp_path, overrides))
-    assert record["preempted"] is True
+    assert record["preempted"] is True and record["interrupted"] is True
+    assert json.loads((tmp_path / "metrics.json").read_text())["interrupted"] is True
     assert (
         torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
     )  # after the step in progress

@@ -89,3 +89,8 @@ def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = N
 def was_preempted(trainer: Trainer) -> bool:
     """Whether a preemption signal stopped this run (it saved a checkpoint to resume from)."""
     return any(isinstance(c, Preemption) and c.received for c in trainer.callbacks)
+
+
+def was_interrupted(trainer: Trainer) -> bool:
+    """Whether Ctrl-C (one of the preemption callback's `interrupts`) stopped this run."""
+    return any(isinstance(c, Preemption) and c.received in c.interrupts for c in trainer.callbacks)

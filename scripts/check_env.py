@@ -20,7 +20,7 @@ PACKAGES = {
 }
 # Import name -> what to install: the fused kernels the Qwen-style models use when present.
 OPTIONAL_KERNELS = {
-    "fla": "flash-linear-attention",
+    "fla": "fla-core",  # flash-linear-attention's ops; or pip install -e ".[gpu]"
     "causal_conv1d": "causal-conv1d",
     "triton": "triton",
 }

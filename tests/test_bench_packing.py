@@ -1,7 +1,11 @@
-"""scripts/bench_packing.py in --quick mode: the report's format and accounting, never timings."""
+"""The packing and data benchmarks on tiny inputs: the reports' format and accounting, never
+timings."""
 
 import re
 
+import pytest
+
+from scripts.bench_data import main as bench_data_main
 from scripts.bench_packing import main as bench_main
 
 HEADER = (
@@ -39,3 +43,20 @@ def test_quick_packing_benchmark_reports_both_arms_of_every_model(tmp_path):
     assert report.startswith("Machine: ")
     assert HEADER in report.splitlines()
     assert re.search(r"sft: bytes [\d.]+ s with an empty cache, [\d.]+ s from it; BPE", report)
+
+
+@pytest.mark.slow  # three child processes, each importing torch and datasets
+def test_the_data_benchmark_reports_every_figure_of_a_tiny_corpus(tmp_path):
+    output = tmp_path / "bench.md"
+    argv = ["--sizes", "0.2", "--tokenizers", "byte", "--steps", "1", "--output", str(output)]
+    (row,) = bench_data_main(argv)
+    assert row["size"] == "0.2 MB" and row["tokenizer"] == "byte"
+    for column in ("prepare s", "MB/s", "anchor s", "loader tok/s", "train tok/s"):
+        assert re.fullmatch(r"[\d,]+(\.\d+)?", row[column]), (column, row)
+    for column in ("prepare RSS", "anchor RSS", "train RSS"):
+        assert re.fullmatch(r"\d+ MB \(\+-?\d+\)( / \d+ MB)?", row[column]), (column, row)
+    for column in ("prepare anon", "train anon"):
+        assert re.fullmatch(r"\+-?\d+ MB", row[column]), (column, row)
+    for column in ("2nd run: setup", "first step"):
+        assert re.fullmatch(r"\d+\.\d\d s", row[column]), (column, row)
+    assert "| size | tokenizer | prepare s |" in output.read_text()

@@ -2,11 +2,14 @@
 
 import random
 
+import numpy as np
 import pytest
 import torch
 
 from src.data.collate import IGNORE_INDEX, collate_rows
 from src.data.packing import Sample, fit_to_length, pack
+from src.data.rows import PackedRows
+from src.data.token_store import StoreWriter, TokenStore
 from src.utils.errors import DataError
 
 X = IGNORE_INDEX
@@ -46,6 +49,20 @@ def test_a_packed_batch_derives_every_field_from_the_document_lengths():
     ]
 
 
+def as_lists(rows) -> list[list[int]]:
+    return [row.tolist() for row in rows]
+
+
+def store_of(tmp_path, documents: list[list[int]], targets: list[list[bool]] | None = None):
+    """A token store holding `documents` (and their target masks)."""
+    writer = StoreWriter(tmp_path / "store", "test", 1000, has_targets=targets is not None)
+    flat = np.array([t for d in documents for t in d], dtype=np.int64)
+    mask = None if targets is None else np.array([t for m in targets for t in m])
+    writer.add(flat, np.array([len(d) for d in documents]), mask)
+    writer.finish()
+    return TokenStore.open(tmp_path / "store", "test")
+
+
 def test_cu_seqlens_invariants_hold_on_random_packings():
     generator = random.Random(0)
     for _ in range(50):
@@ -80,18 +97,18 @@ def test_only_response_tokens_and_the_stop_token_are_targets():
 
 
 def test_best_fit_decreasing_fills_the_tightest_row():
-    assert pack([5, 3, 4, 2, 6, 1], 8) == [[4, 3], [0, 1], [2, 5]]
+    assert as_lists(pack([5, 3, 4, 2, 6, 1], 8)) == [[4, 3], [0, 1], [2, 5]]
 
 
 def test_greedy_packing_keeps_the_order():
-    assert pack([5, 3, 4, 2, 6, 1], 8, "greedy") == [[0, 1], [2, 3], [4, 5]]
+    assert as_lists(pack([5, 3, 4, 2, 6, 1], 8, "greedy")) == [[0, 1], [2, 3], [4, 5]]
 
 
 @pytest.mark.parametrize("strategy", ["best_fit", "greedy"])
 def test_packing_is_deterministic_and_never_overfills_a_row(strategy):
     lengths = [random.Random(1).randint(1, 64) for _ in range(500)]
-    rows = pack(lengths, 64, strategy)
-    assert rows == pack(lengths, 64, strategy)
+    rows = as_lists(pack(lengths, 64, strategy))
+    assert rows == as_lists(pack(lengths, 64, strategy))
     assert sorted(i for row in rows for i in row) == list(range(500))
     assert all(sum(lengths[i] for i in row) <= 64 for row in rows)
 
@@ -109,18 +126,20 @@ def test_best_fit_wastes_less_than_greedy_on_long_tailed_lengths():
     [("truncate", [4, 2], 6, 0), ("drop", [2], 0, 10), ("split", [4, 4, 2, 2], 0, 0)],
 )
 def test_overlong_policies_account_for_every_token(policy, kept, truncated, dropped):
-    samples = [sample(list(range(1, 11))), sample([1, 2]), sample([])]
-    fitted, accounting = fit_to_length(samples, 4, policy)
-    assert [len(s) for s in fitted] == kept
+    pieces, accounting = fit_to_length([10, 2, 0], 4, policy)
+    assert pieces.length.tolist() == kept
     assert (accounting.truncated, accounting.dropped) == (truncated, dropped)
     assert accounting.input == accounting.kept + accounting.truncated + accounting.dropped == 12
-    assert accounting.lengths_before == [10, 2, 0]
-    assert accounting.lengths_after == kept
+    assert list(accounting.lengths_before) == [10, 2, 0]
+    assert list(accounting.lengths_after) == kept
 
 
-def test_a_split_continuation_keeps_its_positions_and_the_target_at_the_cut():
-    pieces, _ = fit_to_length([sample(list(range(10, 20)))], 4, "split")
-    batch = collate_rows([pieces[:2], pieces[2:]], pad_id=0, row_length=8)
+def test_a_split_continuation_keeps_its_positions_and_the_target_at_the_cut(tmp_path):
+    store = store_of(tmp_path, [list(range(10, 20))])
+    pieces, _ = fit_to_length(store.lengths(), 4, "split")
+    assert pieces.start.tolist() == [0, 4, 8]
+    dataset = PackedRows(store, pieces, pack(pieces.length, 8, "greedy"))
+    batch = collate_rows([dataset[0], dataset[1]], pad_id=0, row_length=8)
     assert batch["position_ids"].tolist() == [
         [0, 1, 2, 3, 4, 5, 6, 7],
         [8, 9, 10, 11, 12, 13, 14, 15],
@@ -130,6 +149,23 @@ def test_a_split_continuation_keeps_its_positions_and_the_target_at_the_cut():
     assert batch["cu_seqlens"].tolist() == [0, 4, 8, 16]
 
 
+def test_a_split_sft_continuation_has_no_target_at_the_cut_when_the_next_token_is_a_prompt(
+    tmp_path,
+):
+    store = store_of(tmp_path, [[1, 2, 3, 4, 5, 6]], [[True, True, False, False, True, True]])
+    pieces, _ = fit_to_length(store.lengths(), 2, "split")
+    dataset = PackedRows(store, pieces, pack(pieces.length, 2, "greedy"))
+    next_tokens = [dataset[i][0].next_token for i in range(3)]
+    assert next_tokens == [X, 5, X], "a cut before a prompt token trains on nothing"
+
+
+def test_truncated_samples_are_not_continued(tmp_path):
+    store = store_of(tmp_path, [list(range(10, 20))])
+    pieces, _ = fit_to_length(store.lengths(), 4, "truncate")
+    (piece,) = PackedRows(store, pieces, pack(pieces.length, 4))[0]
+    assert piece.tokens.tolist() == [10, 11, 12, 13] and piece.next_token == X
+
+
 def test_raise_names_the_sample_that_does_not_fit():
     with pytest.raises(DataError, match=r"^sample 1 has 5 tokens, more than max_seq_len=4"):
-        fit_to_length([sample([1]), sample([1, 2, 3, 4, 5])], 4, "raise")
+        fit_to_length([1, 5], 4, "raise")

@@ -1,5 +1,5 @@
-"""The text and SFT datamodules: document splits, tokenizers, the token cache, SFT targets,
-exact-match scoring, and what a text run logs."""
+"""The text and SFT datamodules: document splits, tokenizers, the token store they read, SFT
+targets, exact-match scoring, and what a text run logs."""
 
 import json
 import random
@@ -104,25 +104,30 @@ def test_every_rank_gets_the_same_number_of_batches(corpus, tmp_path):
     assert len(counts) == 1
 
 
-def test_a_second_run_reads_the_token_cache_and_a_changed_file_misses_it(corpus, tmp_path):
+def counting_reads(module: PackedTextDataModule) -> list[int]:
+    """Record every read of the corpus (which happens only to tokenise it or train a BPE)."""
+    reads = []
+    original = module.read_corpus
+    module.read_corpus = lambda *args: reads.append(1) or original(*args)
+    return reads
+
+
+def test_a_second_run_reads_the_token_store_and_a_changed_file_misses_it(corpus, tmp_path):
     text_module(corpus, tmp_path)
     cached = TextDataModule(paths=[str(corpus)], cache_dir=str(tmp_path / "cache"))
-    cached.tokenize = lambda document: pytest.fail("tokenised again despite the cache")
+    reads = counting_reads(cached)
     cached.setup()
+    assert reads == [], "tokenised again despite the store"
     corpus.write_text(corpus.read_text() + "\n\nOne more paragraph.\n")
-    tokenised = []
     changed = TextDataModule(paths=[str(corpus)], cache_dir=str(tmp_path / "cache"))
-    original = changed.tokenize
-    changed.tokenize = lambda document: tokenised.append(document) or original(document)
+    reads = counting_reads(changed)
     changed.setup()
-    assert len(tokenised) == len(PARAGRAPHS) + 1
+    assert reads == [1] and changed.token_store.num_documents == len(PARAGRAPHS) + 1
 
 
-def test_the_process_that_fills_the_cache_reads_the_files_once(corpus, tmp_path):
+def test_the_process_that_fills_the_store_reads_the_files_once(corpus, tmp_path):
     module = TextDataModule(paths=[str(corpus)], cache_dir=str(tmp_path / "cache"))
-    reads = []
-    original = module.load_documents
-    module.load_documents = lambda: reads.append(1) or original()
+    reads = counting_reads(module)
     module.prepare_data()
     module.setup()
     assert len(reads) == 1 and (tmp_path / "cache").is_dir()

@@ -1,76 +1,50 @@
-"""What the text datamodules share: split by document, tokenise (cached), fit the over-long
-samples, pack or pad, and serve resumable batches whose metadata `collate_rows` derives.
+"""What the text datamodules share: read the corpus through `datasets`, tokenise it once into a
+memory-mapped token store, split it by document, fit the over-long samples, pack or pad, and
+serve resumable batches whose metadata `collate_rows` derives.
 
-Subclasses say where the samples come from: `load_documents()` returns the raw documents,
-`tokenize(document)` turns one into a `Sample`, `document_text(document)` gives its text (to
-train a BPE tokenizer on) and `source_fingerprint()` identifies the source for the cache.
+Subclasses say where the documents come from and how they become tokens: `source_files()`,
+`source_options()` (what else decides the tokens: how files are cut, the chat template),
+`read_corpus(files, work_dir)` (a `datasets.Dataset`, read only when the store is built or a
+BPE tokenizer trained), `training_texts(corpus, rows)` (the texts of those rows, to train a
+BPE tokenizer on) and `encoder()` (the batched function `Dataset.map` runs: an Arrow table of
+rows in, `input_ids` and, with `has_targets`, `targets` list columns out).
 """
 
+import hashlib
 import logging
+import os
+import socket
 from abc import ABC, abstractmethod
-from functools import partial
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from functools import cache, partial
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
+import datasets
+import numpy as np
+import pyarrow as pa
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.collate import collate_rows
-from src.data.packing import Sample, TokenAccounting, fit_to_length, pack
+from src.data.encoding import flat_column
+from src.data.packing import Rows, TokenAccounting, fit_to_length, pack
+from src.data.readers import content_fingerprint
+from src.data.rows import BucketedBatches, PackedRows
 from src.data.sampler import SplitLoaders, resumable_loader
 from src.data.splits import check_fractions, check_loader_options
-from src.data.token_cache import cache_key, cached_samples
+from src.data.token_store import StoreWriter, TokenStore, load_or_build
 from src.data.tokenizers import build_tokenizer, tokenizer_from_state, tokenizer_state
 from src.utils.errors import CheckpointError, ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-SPLITS = ("train", "val", "test")
-
-
-class RowDataset(Dataset):
-    """Item i is row i: the list of samples that share it (one sample when not packing)."""
-
-    def __init__(self, samples: list[Sample], rows: list[list[int]]):
-        self.samples = samples
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __getitem__(self, index: int) -> list[Sample]:
-        return [self.samples[i] for i in self.rows[index]]
-
-
-class BucketedBatches(Dataset):
-    """Item i is a whole batch: rows of similar lengths, so that padding them costs little.
-
-    Batches are formed once: a permutation by `seed` is cut into windows of 50 batches, each
-    window sorted by length and cut into batches (the last, partial one of the split is
-    dropped when `drop_last`). The sampler then shuffles the order of the batches.
-    """
-
-    def __init__(self, rows: RowDataset, batch_size: int, seed: int, drop_last: bool):
-        lengths = [sum(len(sample) for sample in rows[i]) for i in range(len(rows))]
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed)).tolist()
-        window = 50 * batch_size
-        self.batches = []
-        for start in range(0, len(order), window):
-            by_length = sorted(order[start : start + window], key=lambda i: lengths[i])
-            self.batches += [
-                by_length[i : i + batch_size] for i in range(0, len(by_length), batch_size)
-            ]
-        if drop_last and self.batches and len(self.batches[-1]) < batch_size:
-            self.batches.pop()
-        self.rows = rows
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def __getitem__(self, index: int) -> list[list[Sample]]:
-        return [self.rows[i] for i in self.batches[index]]
+STORE_FORMAT = "store-v1"
+# Below this many rows a worker, forked and fed, costs more than it saves.
+ROWS_PER_WORKER = 20_000
 
 
 class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
@@ -86,9 +60,15 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     Documents are split into train/val/test at random by `split_seed`, so the split does not
     change with the training seed; rows are shuffled each epoch by `shuffle_seed` + epoch, and
     sharded evenly across DDP ranks.
+
+    The token store lives in `cache_dir` (a temporary folder when null). `prepare_data` builds
+    it once per node (`prepare_per_node=true`, for a `cache_dir` on each node's own disk), or
+    once per job when `prepare_per_node=false` (a `cache_dir` every node shares); every rank's
+    `setup` then maps the same store. `num_proc` processes tokenise (null: one per CPU core).
     """
 
     default_overlong = "truncate"
+    has_targets = False  # whether the store keeps a target mask (SFT)
 
     def __init__(
         self,
@@ -106,11 +86,15 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         split_seed: int = 1234,
         shuffle_seed: int | None = None,
         num_workers: int = 0,
+        num_proc: int | None = None,
+        prepare_per_node: bool = True,
         cache_dir: str | None = None,
     ):
         super().__init__()
         if max_seq_len < 2:
             raise ConfigError(f"data.max_seq_len must be at least 2, got {max_seq_len}")
+        if num_proc is not None and num_proc < 1:
+            raise ConfigError(f"data.num_proc must be a positive integer or null, got {num_proc}")
         check_loader_options(batch_size, eval_batch_size)
         check_fractions(val_fraction, test_fraction)
         self.max_seq_len = max_seq_len
@@ -128,33 +112,46 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         self.split_seed = split_seed
         self.shuffle_seed = shuffle_seed
         self.num_workers = num_workers
+        self.num_proc = num_proc or os.cpu_count() or 1
+        self.prepare_data_per_node = prepare_per_node
         self.cache_dir = Path(cache_dir) if cache_dir else None
+        self._scratch: TemporaryDirectory | None = None  # the store's folder without cache_dir
         self.tokenizer = None
-        self.datasets: dict[str, RowDataset] = {}
-        # What prepare_data tokenised, handed to setup in the same process (then dropped).
-        self._prepared: tuple[list[Any], dict[str, torch.Tensor], list[Sample]] | None = None
+        self.token_store: TokenStore | None = None
+        self.datasets: dict[str, PackedRows] = {}
         self.accounting: dict[str, TokenAccounting] = {}
 
     # -- what subclasses provide -------------------------------------------------------------
 
     @abstractmethod
-    def load_documents(self) -> list[Any]: ...
+    def source_files(self) -> list[Path]: ...
 
     @abstractmethod
-    def tokenize(self, document: Any) -> Sample: ...
+    def source_options(self) -> str: ...
 
     @abstractmethod
-    def document_text(self, document: Any) -> str: ...
+    def read_corpus(self, files: list[Path], work_dir: Path) -> datasets.Dataset: ...
 
     @abstractmethod
-    def source_fingerprint(self) -> str: ...
+    def training_texts(self, corpus: datasets.Dataset, rows: np.ndarray) -> Iterator[str]: ...
 
-    def describe(self, document: Any) -> str:
-        """How errors name a document: its first words."""
-        text = " ".join(self.document_text(document).split())
+    @abstractmethod
+    def encoder(self) -> Callable[[pa.Table, list[int]], pa.Table]: ...
+
+    def tokenising_is_cheap(self) -> bool:
+        """Whether tokenising runs at memory speed, so that worker processes would only add
+        copies (then one process tokenises, whatever `num_proc` says)."""
+        return False
+
+    def describe(self, document: int) -> str:
+        """How errors name a document of the store: its first words."""
+        start = int(self.token_store.offsets[document])
+        text = " ".join(
+            self.tokenizer.decode(self.token_store.tokens[start : start + 80].tolist()).split()
+        )
         return f"The document {text[:50]!r}{'...' if len(text) > 50 else ''}"
 
-    # -- setup -------------------------------------------------------------------------------
+    # -- the token store ---------------------------------------------------------------------
 
     @property
     def vocab_size(self) -> int:
@@ -163,56 +160,103 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         return self.tokenizer.vocab_size
 
     def prepare_data(self) -> None:
-        """Tokenise into the cache once, on one process per node, before every rank's setup
-        reads it back (with a cache folder; without one each rank tokenises for itself).
-        This process's own setup then reuses the result instead of reading the files again."""
+        """Build the token store before every rank's setup maps it (with a cache folder; without
+        one each rank builds its own)."""
         if self.cache_dir is not None:
-            self._prepared = self.tokenized()
+            self.store()
 
-    def tokenized(self) -> tuple[list[Any], dict[str, torch.Tensor], list[Sample]]:
-        """(documents, document indices of each split, one sample per document), after setting
+    def store(self) -> TokenStore:
+        """The token store of the source, tokenizer and options, built unless found; sets
         `self.tokenizer` (trained or loaded) unless a checkpoint's state set it."""
-        documents = self.load_documents()
-        split_of = self.split_documents(len(documents))
-        source = self.source_fingerprint()
-        if self.tokenizer is None:
-            self.tokenizer = build_tokenizer(
-                **self.tokenizer_options,
-                training_texts=lambda: (
-                    self.document_text(documents[i]) for i in split_of["train"].tolist()
-                ),
-                cache_dir=self.cache_dir,
-                cache_key=f"{source}|{self.split_seed}|{self.fractions}",
+        if self.token_store is not None:
+            return self.token_store
+        files = self.source_files()
+        source = f"{type(self).__name__}|{content_fingerprint(files)}|{self.source_options()}"
+        folder = self._store_folder()
+        with TemporaryDirectory(dir=folder, prefix=f".work-{socket.gethostname()}-") as work:
+            corpus = cache(partial(self.read_corpus, files, Path(work)))
+            if self.tokenizer is None:
+                self.tokenizer = build_tokenizer(
+                    **self.tokenizer_options,
+                    training_texts=lambda: self._training_split_texts(corpus()),
+                    cache_dir=self.cache_dir,
+                    cache_key=f"{source}|{self.split_seed}|{self.fractions}",
+                )
+            fingerprint = self.tokenizer.fingerprint
+            key = hashlib.sha256(f"{STORE_FORMAT}|{source}|{fingerprint}".encode()).hexdigest()
+            self.token_store = load_or_build(
+                folder,
+                key[:20],
+                lambda staging: self._write_store(corpus(), staging, key[:20]),
+                what=str(files[0]) if len(files) == 1 else f"{len(files)} files",
             )
-        samples = cached_samples(
-            self.cache_dir,
-            cache_key(source, self.tokenizer.fingerprint),
-            lambda: [self.tokenize(document) for document in documents],
+        return self.token_store
+
+    def _store_folder(self) -> Path:
+        if self.cache_dir is not None:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            return self.cache_dir
+        if self._scratch is None:
+            self._scratch = TemporaryDirectory(prefix="token-store-")
+        return Path(self._scratch.name)
+
+    def _training_split_texts(self, corpus: datasets.Dataset) -> Iterator[str]:
+        return self.training_texts(corpus, self.split_documents(len(corpus))["train"])
+
+    def _write_store(self, corpus: datasets.Dataset, staging: Path, key: str) -> None:
+        """Tokenise with `Dataset.map` and copy its Arrow columns into the store.
+
+        `datasets` caches `map` by fingerprint too, but it fingerprints local files by name and
+        time, not content, and keeps tokens as Arrow lists next to the text. The store goes
+        further: keyed by content, checked against its manifest when opened, smallest dtype,
+        and read with numpy alone; `map` runs in a work folder deleted once the store is
+        written, so the corpus is not kept tokenised twice. Its output files are read batch by
+        batch rather than mapped, so that copying them does not leave them all resident.
+        """
+        cheap = self.tokenising_is_cheap()
+        workers = 1 if cheap else min(self.num_proc, len(corpus) // ROWS_PER_WORKER)
+        tokenized = corpus.with_format("arrow").map(
+            self.encoder(),
+            batched=True,
+            with_indices=True,
+            num_proc=workers if workers > 1 else None,
+            remove_columns=corpus.column_names,
+            new_fingerprint=key,
         )
-        return documents, split_of, samples
+        writer = StoreWriter(staging, key, self.tokenizer.vocab_size, self.has_targets)
+        for cache_file in tokenized.cache_files:  # in row order
+            with pa.OSFile(cache_file["filename"]) as source:
+                for batch in pa.ipc.open_stream(source):
+                    tokens, lengths = flat_column(batch.column("input_ids"))
+                    targets = flat_column(batch.column("targets"))[0] if self.has_targets else None
+                    writer.add(tokens, lengths, targets)
+        writer.finish(tokenizer=self.tokenizer.fingerprint)
+        log.info("Tokenised %d documents into %s", len(corpus), staging.parent)
+
+    # -- setup -------------------------------------------------------------------------------
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
             return
-        documents, split_of, samples = self._prepared or self.tokenized()
-        self._prepared = None
-        for split in SPLITS:
-            indices = split_of[split].tolist()
-            fitted, self.accounting[split] = fit_to_length(
-                [samples[i] for i in indices],
+        store = self.store()
+        lengths = store.lengths()
+        for split, documents in self.split_documents(store.num_documents).items():
+            pieces, self.accounting[split] = fit_to_length(
+                lengths[documents],
                 self.max_seq_len,
                 self.overlong,
-                describe=lambda i, indices=indices: self.describe(documents[indices[i]]),
+                describe=lambda i, documents=documents: self.describe(int(documents[i])),
             )
-            if split != "test" and not fitted:
+            if split != "test" and not len(pieces):
                 raise DataError(
-                    f"The {split} split has no samples left ({len(indices)} before applying "
+                    f"The {split} split has no samples left ({len(documents)} before applying "
                     f"overlong={self.overlong!r}); add documents or raise data.val_fraction"
                 )
-            self.datasets[split] = RowDataset(fitted, self.rows_of(fitted))
+            pieces = replace(pieces, sample=documents[pieces.sample])
+            self.datasets[split] = PackedRows(store, pieces, self.rows_of(pieces.length))
         self._log_summary()
 
-    def split_documents(self, count: int) -> dict[str, torch.Tensor]:
+    def split_documents(self, count: int) -> dict[str, np.ndarray]:
         """Document indices of each split: a permutation by `split_seed`, cut by the fractions."""
         order = torch.randperm(count, generator=torch.Generator().manual_seed(self.split_seed))
         val = max(1, round(count * self.fractions["val"]))
@@ -222,32 +266,33 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
                 f"{count} documents are too few for a train/val/test split with fractions "
                 f"{self.fractions}; add text or change data.document_split"
             )
+        order = order.numpy()
         return {
-            "val": order[:val].sort().values,
-            "test": order[val : val + test].sort().values,
-            "train": order[val + test :].sort().values,
+            "train": np.sort(order[val + test :]),
+            "val": np.sort(order[:val]),
+            "test": np.sort(order[val : val + test]),
         }
 
-    def rows_of(self, samples: list[Sample]) -> list[list[int]]:
+    def rows_of(self, lengths: np.ndarray) -> Rows:
         if not self.packing:
-            return [[i] for i in range(len(samples))]
-        return pack([len(s) for s in samples], self.max_seq_len, self.packing_strategy)
+            return Rows.one_per_row(len(lengths))
+        return pack(lengths, self.max_seq_len, self.packing_strategy)
 
     def packing_metrics(self) -> dict[str, float]:
         """Rows, padding fraction and documents per row of the training split as batched: packed
         rows are `max_seq_len` slots; padded rows as long as their batch's longest."""
         dataset = self.datasets["train"]
-        lengths = [sum(len(s) for s in dataset[i]) for i in range(len(dataset))]
+        lengths = dataset.row_lengths()
         if self.packing:
             slots = len(lengths) * self.max_seq_len
         else:  # padded in consecutive batches of this many rows (the shuffle changes little)
-            size = self.batch_size
-            batches = (lengths[i : i + size] for i in range(0, len(lengths), size))
-            slots = sum(len(batch) * max(batch) for batch in batches)
+            starts = np.arange(0, len(lengths), self.batch_size)
+            sizes = np.diff(np.append(starts, len(lengths)))
+            slots = int((np.maximum.reduceat(lengths, starts) * sizes).sum()) if len(starts) else 0
         return {
             "data/rows": len(lengths),
-            "data/padding_fraction": 1 - sum(lengths) / max(1, slots),
-            "data/documents_per_row": len(dataset.samples) / max(1, len(lengths)),
+            "data/padding_fraction": 1 - int(lengths.sum()) / max(1, slots),
+            "data/documents_per_row": len(dataset.pieces) / max(1, len(lengths)),
         }
 
     def _log_summary(self) -> None:
@@ -256,7 +301,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
             log.info(
                 "%s: %d samples in %d rows (%d tokens kept, %d truncated, %d dropped)",
                 split,
-                len(dataset.samples),
+                len(dataset.pieces),
                 len(dataset),
                 accounting.kept,
                 accounting.truncated,
@@ -281,6 +326,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         if self.tokenizer is not None and self.tokenizer.fingerprint == stored.fingerprint:
             return
         self.tokenizer = stored
+        self.token_store = None
         if self.datasets:
             log.warning("The checkpoint's tokenizer differs from this run's: tokenising again")
             self.datasets = {}

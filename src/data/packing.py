@@ -1,19 +1,22 @@
 """Packing tokenised samples into rows of `max_seq_len` tokens, without ever breaking one apart
-unless asked to.
+unless asked to, on arrays of lengths: nothing here touches a token.
 
-A sample is a `Sample`: its token ids and, per token, whether that token is a training target
-(False on SFT prompts). Packing only decides which samples share a row; what the model sees of
-a row (positions, boundaries, labels) is derived later, in `src.data.collate`.
+`fit_to_length` applies the over-long policy and returns the `Pieces` that will be trained on
+(document, start, length); `pack` groups them into `Rows` (index arrays). What the model sees
+of a row (positions, boundaries, labels) is derived later, from the `Sample`s a dataset reads
+for it, in `src.data.collate`.
 
 Written here rather than taken from a library: the bin packers of the training stacks that
 have them live inside their trainers' dataset pipelines, and none reports the token
 accounting (kept, truncated, dropped) that the over-long policies need.
 """
 
+import array
 import bisect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from src.utils.contracts import IGNORE_INDEX
@@ -25,7 +28,7 @@ PACKING_STRATEGIES = ("best_fit", "greedy")
 
 @dataclass(frozen=True)
 class Sample:
-    """One document (pretraining) or one conversation (SFT) as token ids.
+    """One document (pretraining) or one conversation (SFT), or a piece of one, as token ids.
 
     `targets[i]` says whether token i may be a training target, i.e. whether the model is taught
     to predict it from the tokens before it. `position_offset` is where the sample's positions
@@ -43,6 +46,11 @@ class Sample:
         return len(self.tokens)
 
 
+def _lengths_array(values=()) -> array.array:
+    """A compact int64 sequence (8 bytes a sample), plain to whoever plots it."""
+    return array.array("q", np.asarray(values, dtype=np.int64).tobytes())
+
+
 @dataclass
 class TokenAccounting:
     """Where the tokens of the raw samples went; `input == kept + truncated + dropped`."""
@@ -54,8 +62,8 @@ class TokenAccounting:
     samples_truncated: int = 0
     samples_dropped: int = 0
     samples_split: int = 0
-    lengths_before: list[int] = field(default_factory=list)
-    lengths_after: list[int] = field(default_factory=list)
+    lengths_before: array.array = field(default_factory=_lengths_array)
+    lengths_after: array.array = field(default_factory=_lengths_array)
 
     def as_metrics(self, prefix: str) -> dict[str, int]:
         names = ("input", "kept", "truncated", "dropped")
@@ -66,12 +74,27 @@ class TokenAccounting:
         return counts
 
 
+@dataclass(frozen=True)
+class Pieces:
+    """What is trained on: piece i is tokens [start[i], start[i] + length[i]) of sample
+    `sample[i]`. `continued`: pieces of one sample continue each other (the `split` policy),
+    so each but the last has the next piece's first token as its last target."""
+
+    sample: np.ndarray  # int64
+    start: np.ndarray  # int64
+    length: np.ndarray  # int64
+    continued: bool = False
+
+    def __len__(self) -> int:
+        return len(self.sample)
+
+
 def fit_to_length(
-    samples: Sequence[Sample],
+    lengths: np.ndarray,
     max_len: int,
     policy: str,
     describe: Callable[[int], str] = "sample {}".format,
-) -> tuple[list[Sample], TokenAccounting]:
+) -> tuple[Pieces, TokenAccounting]:
     """Apply the over-long policy to every sample longer than `max_len` tokens.
 
     - `truncate`: keep the first `max_len` tokens;
@@ -84,59 +107,74 @@ def fit_to_length(
     """
     if policy not in OVERLONG_POLICIES:
         raise DataError(f"overlong={policy!r} is not a policy; choose one of {OVERLONG_POLICIES}")
-    accounting = TokenAccounting()
-    fitted = []
-    for index, sample in enumerate(samples):
-        length = len(sample)
-        accounting.input += length
-        accounting.lengths_before.append(length)
-        if length == 0:
-            continue
-        if length <= max_len:
-            pieces = [sample]
-        elif policy == "raise":
-            raise DataError(
-                f"{describe(index)} has {length} tokens, more than max_seq_len={max_len}. Raise "
-                f"data.max_seq_len, or choose data.overlong=truncate, drop or split"
-            )
-        elif policy == "drop":
-            accounting.dropped += length
-            accounting.samples_dropped += 1
-            continue
-        elif policy == "truncate":
-            pieces = [Sample(sample.tokens[:max_len], sample.targets[:max_len])]
-            accounting.truncated += length - max_len
-            accounting.samples_truncated += 1
-        else:
-            pieces = [_piece(sample, start, max_len) for start in range(0, length, max_len)]
-            accounting.samples_split += 1
-        for piece in pieces:
-            fitted.append(piece)
-            accounting.kept += len(piece)
-            accounting.lengths_after.append(len(piece))
-    return fitted, accounting
-
-
-def _piece(sample: Sample, start: int, max_len: int) -> Sample:
-    """Tokens [start, start + max_len) of `sample`, remembering the target just after them."""
-    end = start + max_len
-    if end >= len(sample):
-        next_token = sample.next_token
+    lengths = np.asarray(lengths, dtype=np.int64)
+    over = lengths > max_len
+    if policy == "raise" and over.any():
+        index = int(np.flatnonzero(over)[0])
+        raise DataError(
+            f"{describe(index)} has {lengths[index]} tokens, more than max_seq_len={max_len}. "
+            f"Raise data.max_seq_len, or choose data.overlong=truncate, drop or split"
+        )
+    accounting = TokenAccounting(input=int(lengths.sum()), lengths_before=_lengths_array(lengths))
+    keep = (lengths > 0) & ~over if policy == "drop" else lengths > 0
+    samples = np.flatnonzero(keep)
+    if policy == "split":
+        counts = -(-lengths[samples] // max_len)
+        sample = np.repeat(samples, counts)
+        first_piece = np.repeat(np.cumsum(counts) - counts, counts)
+        start = (np.arange(len(sample)) - first_piece) * max_len
+        pieces = Pieces(sample, start, np.minimum(max_len, lengths[sample] - start), True)
+        accounting.samples_split = int(over.sum())
     else:
-        next_token = int(sample.tokens[end]) if sample.targets[end] else IGNORE_INDEX
-    offset = sample.position_offset + start
-    return Sample(sample.tokens[start:end], sample.targets[start:end], offset, next_token)
+        pieces = Pieces(samples, np.zeros_like(samples), np.minimum(lengths[samples], max_len))
+        if policy == "drop":
+            accounting.dropped = int(lengths[over].sum())
+            accounting.samples_dropped = int(over.sum())
+        else:
+            accounting.truncated = int((lengths[over] - max_len).sum())
+            accounting.samples_truncated = int(over.sum())
+    accounting.kept = int(pieces.length.sum())
+    accounting.lengths_after = _lengths_array(pieces.length)
+    return pieces, accounting
 
 
-def pack(lengths: Sequence[int], capacity: int, strategy: str = "best_fit") -> list[list[int]]:
-    """Group sample indices into rows whose lengths sum to at most `capacity`.
+@dataclass(frozen=True)
+class Rows:
+    """Row i holds the items `order[offsets[i]:offsets[i + 1]]`, in that order."""
 
-    `best_fit`: best-fit decreasing, the longest sample first into the fullest row it still
+    order: np.ndarray  # int64
+    offsets: np.ndarray  # int64, one more than there are rows
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if not -len(self) <= index < len(self):
+            raise IndexError(index)
+        index %= len(self)
+        return self.order[self.offsets[index] : self.offsets[index + 1]]
+
+    def lengths(self, item_lengths: np.ndarray) -> np.ndarray:
+        """The tokens in each row, given each item's length."""
+        summed = np.concatenate(([0], np.cumsum(item_lengths[self.order])))
+        return summed[self.offsets[1:]] - summed[self.offsets[:-1]]
+
+    @classmethod
+    def one_per_row(cls, count: int) -> "Rows":
+        return cls(np.arange(count), np.arange(count + 1))
+
+
+def pack(lengths: np.ndarray, capacity: int, strategy: str = "best_fit") -> Rows:
+    """Group item indices into rows whose lengths sum to at most `capacity`.
+
+    `best_fit`: best-fit decreasing, the longest item first into the fullest row it still
     fits (fewest rows, least padding). `greedy`: in the given order, a new row whenever the
-    next sample does not fit the current one (keeps neighbours together).
-    Both are deterministic: equal inputs give equal rows.
+    next item does not fit the current one (keeps neighbours together).
+    Both are deterministic: equal inputs give equal rows. Ties go to the earlier item and to
+    the row opened first.
     """
-    if any(length > capacity or length < 1 for length in lengths):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) and (lengths.max() > capacity or lengths.min() < 1):
         raise ValueError(f"every length must be in [1, {capacity}] before packing")
     if strategy == "best_fit":
         return _best_fit_decreasing(lengths, capacity)
@@ -147,33 +185,80 @@ def pack(lengths: Sequence[int], capacity: int, strategy: str = "best_fit") -> l
     )
 
 
-def _best_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    """Rows are kept sorted by free space, so the tightest row that fits is one bisection away."""
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    rows: list[list[int]] = []
-    by_free_space: list[tuple[int, int]] = []  # (free tokens, row index), ascending
-    for index in order:
-        length = lengths[index]
-        position = bisect.bisect_left(by_free_space, (length, -1))
-        if position == len(by_free_space):
-            rows.append([index])
-            free, row = capacity - length, len(rows) - 1
+class _OpenRows:
+    """Rows with free space, in buckets by free tokens; each bucket is kept as chunks of row
+    ids and sorted only when rows are taken from it (the earliest rows first)."""
+
+    def __init__(self):
+        self.buckets: dict[int, list[np.ndarray]] = {}
+        self.free_sizes: list[int] = []  # the keys of `buckets`, ascending
+
+    def add(self, free: int, rows: np.ndarray) -> None:
+        if free == 0 or not len(rows):
+            return
+        if free not in self.buckets:
+            bisect.insort(self.free_sizes, free)
+            self.buckets[free] = []
+        self.buckets[free].append(rows)
+
+    def tightest(self, length: int) -> int | None:
+        """The least free space of any row that `length` tokens fit, if any does."""
+        position = bisect.bisect_left(self.free_sizes, length)
+        return self.free_sizes[position] if position < len(self.free_sizes) else None
+
+    def take(self, free: int, count: int) -> np.ndarray:
+        """The first `count` rows (or fewer, all there are) with exactly `free` tokens free."""
+        chunks = self.buckets[free]
+        rows = chunks[0] if len(chunks) == 1 else np.sort(np.concatenate(chunks))
+        taken, rest = rows[:count], rows[count:]
+        if len(rest):
+            self.buckets[free] = [rest]
         else:
-            free, row = by_free_space.pop(position)
-            rows[row].append(index)
-            free -= length
-        if free > 0:
-            bisect.insort(by_free_space, (free, row))
-    return rows
+            del self.buckets[free]
+            self.free_sizes.remove(free)
+        return taken
 
 
-def _greedy(lengths: Sequence[int], capacity: int) -> list[list[int]]:
-    rows: list[list[int]] = []
-    used = capacity
-    for index, length in enumerate(lengths):
-        if used + length > capacity:
-            rows.append([])
-            used = 0
-        rows[-1].append(index)
-        used += length
-    return rows
+def _best_fit_decreasing(lengths: np.ndarray, capacity: int) -> Rows:
+    """Items of one length are placed together: the tightest rows that fit take them in row
+    order, each as many as it holds, and what is left opens new rows. This places every item
+    where the one-at-a-time algorithm would, in O(n log n) and a loop over distinct lengths
+    and free sizes rather than over items."""
+    order = np.argsort(-lengths, kind="stable")  # longest first, ties by index
+    row_of = np.empty(len(order), dtype=np.int64)  # of the items in `order`
+    open_rows, row_count = _OpenRows(), 0
+    sorted_lengths = lengths[order]
+    group_starts = np.flatnonzero(np.diff(sorted_lengths, prepend=-1))
+    for start, end in zip(group_starts, [*group_starts[1:], len(order)], strict=True):
+        length, cursor = int(sorted_lengths[start]), int(start)
+        while cursor < end:
+            remaining = end - cursor
+            free = open_rows.tightest(length)
+            if free is None:  # new rows, each filled with as many items as it holds
+                free, per_row = capacity, capacity // length
+                rows = np.arange(row_count, row_count + -(-remaining // per_row))
+                row_count += len(rows)
+            else:
+                per_row = free // length
+                rows = open_rows.take(free, -(-remaining // per_row))
+            placed = min(remaining, len(rows) * per_row)
+            row_of[cursor : cursor + placed] = np.repeat(rows, per_row)[:placed]
+            cursor += placed
+            last = placed - (len(rows) - 1) * per_row  # items in the last row taken
+            open_rows.add(free - per_row * length, rows[:-1])
+            open_rows.add(free - last * length, rows[-1:])
+    by_row = np.argsort(row_of, kind="stable")  # rows keep their items in placement order
+    offsets = np.concatenate(([0], np.cumsum(np.bincount(row_of, minlength=row_count))))
+    return Rows(order[by_row], offsets)
+
+
+def _greedy(lengths: np.ndarray, capacity: int) -> Rows:
+    """A row starting at item i ends before the first item whose end passes i's start plus
+    `capacity`; one search for every i, then a walk from row start to row start."""
+    ends = np.cumsum(lengths)
+    next_start = np.searchsorted(ends, ends - lengths + capacity, side="right")
+    starts, index = array.array("q", [0]), 0
+    while index < len(lengths):
+        index = int(next_start[index])
+        starts.append(index)
+    return Rows(np.arange(len(lengths)), np.frombuffer(starts, dtype=np.int64))

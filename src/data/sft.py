@@ -1,23 +1,27 @@
 """Supervised fine-tuning on conversations: the loss covers the responses only.
 
-A JSONL line is `{"prompt": ..., "response": ...}` or `{"messages": [{"role": ..., "content":
-...}, ...]}` with roles system, user and assistant. Each turn is rendered with a template;
-every assistant turn's content and the end-of-turn token after it are targets, nothing else is
-(not the system or user turns, not the template's text).
+A JSONL line (or Parquet row) is `{"prompt": ..., "response": ...}` or `{"messages": [{"role":
+..., "content": ...}, ...]}` with roles system, user and assistant. Each turn is rendered with
+a template; every assistant turn's content and the end-of-turn token after it are targets,
+nothing else is (not the system or user turns, not the template's text).
 """
 
-import json
 import logging
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-import torch
+import datasets
+import numpy as np
+import pyarrow as pa
 
+from src.data.encoding import list_column
 from src.data.packed_text import PackedTextDataModule
-from src.data.packing import Sample
+from src.data.readers import FORMATS, read_records, resolve_files
 from src.data.synthetic_sft import make_examples, write_jsonl
-from src.data.token_cache import file_fingerprint
-from src.utils.errors import ConfigError, DataError, MissingFileError
+from src.data.token_store import token_dtype
+from src.utils.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +32,10 @@ DEFAULT_TEMPLATE = {"system": "{content}\n", "user": "User: {content}\n", "assis
 
 
 class SFTDataModule(PackedTextDataModule):
-    """Conversations from a JSONL file (`path`), or, when `path` is null, the synthetic
-    instruction set of `src.data.synthetic_sft` (`synthetic_count` examples by
-    `synthetic_seed`, written to the cache folder so it can be read).
+    """Conversations from JSONL or Parquet files (`path`: a file, a glob or a folder), or, when
+    `path` is null, the synthetic instruction set of `src.data.synthetic_sft`
+    (`synthetic_count` examples by `synthetic_seed`, written to the cache folder so it can be
+    read).
 
     `template` renders each turn: `system` and `user` are format strings of `{content}`;
     `assistant` is the text before an answer. Over-long conversations are dropped by default;
@@ -40,6 +45,7 @@ class SFTDataModule(PackedTextDataModule):
     """
 
     default_overlong = "drop"
+    has_targets = True
 
     def __init__(
         self,
@@ -58,96 +64,105 @@ class SFTDataModule(PackedTextDataModule):
                 "prompts; choose truncate, drop or raise, or set data.allow_split=true"
             )
         self.template = {**DEFAULT_TEMPLATE, **(template or {})}
-        self.path = Path(path) if path else None
+        self.path = path
         self.synthetic = (synthetic_count, synthetic_seed)
         self.exact_match_samples = exact_match_samples
-        self.conversations: list[list[dict[str, str]]] = []
 
     # -- reading -----------------------------------------------------------------------------
 
-    def jsonl_path(self) -> Path:
+    def source_files(self) -> list[Path]:
         if self.path is not None:
-            if not self.path.is_file():
-                raise MissingFileError(f"data.path={str(self.path)!r} is not a file")
-            return self.path
+            return resolve_files([self.path], key="data.path")
         count, seed = self.synthetic
         folder = self.cache_dir or Path("data/cache")
         path = folder / f"sft-synthetic-{count}-{seed}.jsonl"
         if not path.is_file():
             write_jsonl(make_examples(count, seed), path)
             log.info("Wrote %d synthetic instruction examples to %s", count, path)
-        return path
+        return [path]
 
-    def load_documents(self) -> list[list[dict[str, str]]]:
-        path = self.jsonl_path()
-        with path.open(encoding="utf-8") as file:
-            lines = [(number, line) for number, line in enumerate(file, 1) if line.strip()]
-        self.conversations = [parse_line(line, path, number) for number, line in lines]
-        if not self.conversations:
-            raise DataError(f"{path} holds no examples")
-        return self.conversations
+    def source_options(self) -> str:
+        return str(sorted(self.template.items()))
 
-    def source_fingerprint(self) -> str:
-        return f"sft|{file_fingerprint([self.jsonl_path()])}|{sorted(self.template.items())}"
+    def read_corpus(self, files: list[Path], work_dir: Path) -> datasets.Dataset:
+        kinds = {FORMATS[path.suffix] for path in files}
+        if "text" in kinds:
+            raise DataError(
+                f"data.path={self.path!r}: conversations are JSONL or Parquet, not .txt"
+            )
+        parts = [
+            read_records([p for p in files if FORMATS[p.suffix] == k], k, work_dir)
+            for k in sorted(kinds)
+        ]
+        corpus = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+        if (
+            not {"prompt", "response"} <= set(corpus.column_names)
+            and "messages" not in corpus.column_names
+        ):
+            raise DataError(
+                f"{files[0]} needs the columns prompt and response, or messages; its columns "
+                f"are {corpus.column_names}"
+            )
+        if not len(corpus):
+            raise DataError(f"{[str(p) for p in files]} hold no examples")
+        return corpus
 
-    def document_text(self, conversation: list[dict[str, str]]) -> str:
-        return "".join(text for text, _ in self.render(conversation) if text is not None)
+    def training_texts(self, corpus: datasets.Dataset, rows: np.ndarray) -> Iterator[str]:
+        where = self._where()
+        for start in range(0, len(rows), 1000):
+            chunk = rows[start : start + 1000]
+            records = corpus.select(chunk).to_list()
+            for index, record in zip(chunk.tolist(), records, strict=True):
+                pieces = render(conversation_of(record, where, index), self.template)
+                yield "".join(text for text, _ in pieces if text is not None)
 
-    # -- tokens ------------------------------------------------------------------------------
+    def encoder(self):
+        return partial(
+            encode_conversations,
+            tokenizer=self.tokenizer,
+            template=self.template,
+            where=self._where(),
+        )
 
-    def render(self, conversation: list[dict[str, str]]) -> list[tuple[str | None, bool]]:
-        """The conversation as (text, is target) pieces; None stands for the end-of-turn token."""
-        pieces: list[tuple[str | None, bool]] = []
-        for turn in conversation:
-            if turn["role"] == "assistant":
-                pieces += [(self.template["assistant"], False), (turn["content"], True)]
-                pieces.append((None, True))
-            else:
-                pieces.append((self.template[turn["role"]].format(content=turn["content"]), False))
-        return pieces
+    def _where(self) -> str:
+        return "the synthetic set" if self.path is None else f"data.path={self.path}"
 
-    def tokenize(self, conversation: list[dict[str, str]]) -> Sample:
-        tokens, targets = [], []
-        for piece, is_target in self.render(conversation):
-            ids = [self.tokenizer.eos_token_id] if piece is None else self.tokenizer.encode(piece)
-            tokens += ids
-            targets += [is_target] * len(ids)
-        return Sample(torch.tensor(tokens, dtype=torch.long), torch.tensor(targets))
+    # -- exact match -------------------------------------------------------------------------
 
     def exact_match_examples(self, split: str = "val") -> list[tuple[list[int], str]]:
         """Up to `exact_match_samples` (prompt ids, expected answer) pairs from `split`: the
-        conversation up to its last answer, and that answer."""
+        conversation up to its last answer, and that answer (its last run of targets, without
+        the end-of-turn token)."""
+        store = self.store()
         examples = []
-        for index in self.split_documents(len(self.conversations))[split].tolist():
-            conversation = self.conversations[index]
-            prompt = self.tokenize(conversation[:-1]).tokens.tolist()
-            prompt += self.tokenizer.encode(self.template["assistant"])
-            if len(prompt) < self.max_seq_len:
-                examples.append((prompt, conversation[-1]["content"]))
+        for document in self.split_documents(store.num_documents)[split]:
+            begin, end = store.offsets[document], store.offsets[document + 1]
+            tokens, targets = store.tokens[begin:end], store.targets[begin:end] != 0
+            answer_start = np.flatnonzero(targets & ~np.concatenate(([False], targets[:-1])))[-1]
+            if answer_start < self.max_seq_len:
+                answer = self.tokenizer.decode(tokens[answer_start:-1].tolist())
+                examples.append((tokens[:answer_start].tolist(), answer))
             if len(examples) == self.exact_match_samples:
                 break
         return examples
 
 
-def parse_line(line: str, path: Path, number: int) -> list[dict[str, str]]:
-    """One JSONL line as a list of turns ending with an assistant turn, or a DataError naming
-    the line and what is wrong with it."""
-    where = f"{path}, line {number}"
-    try:
-        record: Any = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise DataError(f"{where} is not valid JSON: {error.msg} (column {error.colno})") from None
-    if isinstance(record, dict) and {"prompt", "response"} <= record.keys():
+def conversation_of(record: dict[str, Any], where: str, index: int) -> list[dict[str, str]]:
+    """One record as a list of turns ending with an assistant turn, or a DataError naming the
+    row and what is wrong with it."""
+    where = f"{where}, row {index + 1}"
+    if record.get("prompt") is not None and record.get("response") is not None:
         turns = [
             {"role": "user", "content": record["prompt"]},
             {"role": "assistant", "content": record["response"]},
         ]
-    elif isinstance(record, dict) and isinstance(record.get("messages"), list):
+    elif isinstance(record.get("messages"), list):
         turns = record["messages"]
     else:
+        shown = {k: v for k, v in record.items() if v is not None}
         raise DataError(
             f'{where} needs {{"prompt": ..., "response": ...}} or {{"messages": [...]}}, got '
-            f"{line.strip()[:80]!r}"
+            f"{str(shown)[:80]!r}"
         )
     for turn in turns:
         if not isinstance(turn, dict) or turn.get("role") not in ROLES:
@@ -157,3 +172,46 @@ def parse_line(line: str, path: Path, number: int) -> list[dict[str, str]]:
     if not turns or turns[-1]["role"] != "assistant":
         raise DataError(f"{where}: the conversation must end with an assistant message")
     return turns
+
+
+def render(
+    conversation: list[dict[str, str]], template: dict[str, str]
+) -> list[tuple[str | None, bool]]:
+    """The conversation as (text, is target) pieces; None stands for the end-of-turn token."""
+    pieces: list[tuple[str | None, bool]] = []
+    for turn in conversation:
+        if turn["role"] == "assistant":
+            pieces += [(template["assistant"], False), (turn["content"], True), (None, True)]
+        else:
+            pieces.append((template[turn["role"]].format(content=turn["content"]), False))
+    return pieces
+
+
+def encode_conversations(
+    table: pa.Table, indices: list[int], tokenizer, template: dict[str, str], where: str
+) -> pa.Table:
+    """`Dataset.map`'s function: each conversation's token ids and target mask, every text piece
+    of the batch encoded in one call."""
+    texts, is_end, is_target, pieces_per_row = [], [], [], []
+    for record, index in zip(table.to_pylist(), indices, strict=True):
+        pieces = render(conversation_of(record, where, index), template)
+        texts += [text for text, _ in pieces if text is not None]
+        is_end += [text is None for text, _ in pieces]
+        is_target += [target for _, target in pieces]
+        pieces_per_row.append(len(pieces))
+    values, text_lengths = tokenizer.encode_batch(texts)
+    is_end = np.array(is_end, dtype=bool)
+    piece_lengths = np.ones(len(is_end), dtype=np.int64)
+    piece_lengths[~is_end] = text_lengths
+    from_text = np.repeat(~is_end, piece_lengths)
+    tokens = np.full(len(from_text), tokenizer.eos_token_id, dtype=np.int64)
+    tokens[from_text] = values
+    targets = np.repeat(np.array(is_target, dtype=bool), piece_lengths)
+    row_starts = np.concatenate(([0], np.cumsum(pieces_per_row)[:-1]))
+    lengths = np.add.reduceat(piece_lengths, row_starts) if len(row_starts) else piece_lengths
+    return pa.table(
+        {
+            "input_ids": list_column(tokens, lengths, token_dtype(tokenizer.vocab_size)),
+            "targets": list_column(targets, lengths, np.dtype(np.uint8)),
+        }
+    )

@@ -1,24 +1,31 @@
-"""Pretraining text: local files or folders cut into documents, each trained on alone."""
+"""Pretraining text: local files, globs or folders of documents, each trained on alone."""
 
 import re
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
-import torch
+import datasets
+import numpy as np
+import pyarrow as pa
 
+from src.data.encoding import append_token, list_column
 from src.data.packed_text import PackedTextDataModule
-from src.data.packing import Sample
-from src.data.token_cache import file_fingerprint
-from src.utils.errors import ConfigError, DataError, MissingFileError
+from src.data.readers import read_documents, resolve_files
+from src.data.token_store import token_dtype
+from src.data.tokenizers import ByteTokenizer
+from src.utils.errors import ConfigError
 
-# Named rules for cutting a file into documents; any other value is a regular expression.
+# Named rules for cutting a .txt file into documents; any other value is a regular expression.
 DOCUMENT_SPLITS = {"blank_line": r"\n[ \t]*\n", "line": r"\n", "file": None}
 
 
 class TextDataModule(PackedTextDataModule):
-    """Documents from text files (`paths`: files, or folders whose `*.txt` files are read in
-    name order), cut by `document_split`: `blank_line` (paragraphs; Tiny Shakespeare's
-    speeches), `line`, `file` (one document per file) or a regular expression. Each document
-    is followed by the tokenizer's end-of-text token, the last target it is trained on.
+    """Documents from `paths`: `.txt` files cut by `document_split` (`blank_line`: paragraphs,
+    Tiny Shakespeare's speeches; `line`; `file`, one document per file; or a regular
+    expression), and the `text_field` of every row of `.jsonl`/`.json` and `.parquet` files.
+    A path may be a file, a glob or a folder (its files of those formats, in name order). Each
+    document is followed by the tokenizer's end-of-text token, the last target it is trained on.
 
     Over-long documents are split by default: every token is trained on, and a continuation
     keeps its positions though it cannot attend to the piece before it.
@@ -26,10 +33,17 @@ class TextDataModule(PackedTextDataModule):
 
     default_overlong = "split"
 
-    def __init__(self, paths: str | list[str], document_split: str = "blank_line", **options):
+    def __init__(
+        self,
+        paths: str | list[str],
+        document_split: str = "blank_line",
+        text_field: str = "text",
+        **options,
+    ):
         super().__init__(**options)
-        self.paths = [Path(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
+        self.paths = [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
         self.document_split = document_split
+        self.text_field = text_field
         pattern = DOCUMENT_SPLITS.get(document_split, document_split)
         try:
             self.separator = None if pattern is None else re.compile(pattern)
@@ -39,38 +53,31 @@ class TextDataModule(PackedTextDataModule):
                 f"{list(DOCUMENT_SPLITS)} nor a regular expression ({error})"
             ) from error
 
-    def files(self) -> list[Path]:
-        found = []
-        for path in self.paths:
-            if path.is_dir():
-                found.extend(sorted(path.glob("*.txt")))
-            elif path.is_file():
-                found.append(path)
-            else:
-                raise MissingFileError(f"data.paths: {str(path)!r} is neither a file nor a folder")
-        if not found:
-            raise DataError(f"data.paths={[str(p) for p in self.paths]} holds no .txt files")
-        return found
+    def source_files(self) -> list[Path]:
+        return resolve_files(self.paths)
 
-    def load_documents(self) -> list[str]:
-        documents = []
-        for path in self.files():
-            try:
-                text = path.read_text(encoding="utf-8")
-            except UnicodeDecodeError as error:
-                raise DataError(f"{path} is not UTF-8 text ({error})") from error
-            pieces = [text] if self.separator is None else self.separator.split(text)
-            documents.extend(piece.strip() for piece in pieces if piece.strip())
-        if not documents:
-            raise DataError(f"{[str(p) for p in self.paths]} contain no text")
-        return documents
+    def source_options(self) -> str:
+        return f"{self.document_split}|{self.text_field}"
 
-    def tokenize(self, document: str) -> Sample:
-        tokens = torch.tensor(self.tokenizer.encode(document) + [self.tokenizer.eos_token_id])
-        return Sample(tokens, torch.ones(len(tokens), dtype=torch.bool))
+    def read_corpus(self, files: list[Path], work_dir: Path) -> datasets.Dataset:
+        return read_documents(files, self.separator, self.text_field, work_dir)
 
-    def document_text(self, document: str) -> str:
-        return document
+    def training_texts(self, corpus: datasets.Dataset, rows: np.ndarray) -> Iterator[str]:
+        for batch in corpus.select(rows).iter(batch_size=1000):
+            yield from batch["text"]
 
-    def source_fingerprint(self) -> str:
-        return f"text|{file_fingerprint(self.files())}|{self.document_split}"
+    def tokenising_is_cheap(self) -> bool:
+        """Bytes are: their ids are the text's UTF-8 buffer (100 MB take 2.3 s in one process
+        and 5 s in two, measured in docs/BENCHMARKS.md's machine)."""
+        return isinstance(self.tokenizer, ByteTokenizer)
+
+    def encoder(self):
+        return partial(encode_documents, tokenizer=self.tokenizer)
+
+
+def encode_documents(table: pa.Table, indices: list[int], tokenizer) -> pa.Table:
+    """`Dataset.map`'s function: each document's token ids, then the end-of-text token."""
+    values, lengths = tokenizer.encode_batch(table["text"])
+    tokens = append_token(values, lengths, tokenizer.eos_token_id)
+    dtype = token_dtype(tokenizer.vocab_size)
+    return pa.table({"input_ids": list_column(tokens, lengths + 1, dtype)})

@@ -1,7 +1,8 @@
 """Tokenizers for the text datamodules: bytes (no files), a BPE trained here on the training
 text, or a pretrained Hugging Face tokenizer from a local folder (e.g. a Qwen checkpoint's).
 
-All three share one small interface: `encode`, `decode`, `vocab_size`, `eos_token_id`,
+All three share one small interface: `encode`, `encode_batch` (many texts at once, as flat
+arrays), `decode`, `vocab_size`, `eos_token_id`,
 `pad_token_id`, `fingerprint` (identifies the vocabulary, for caches) and `save(folder)`.
 The trained and pretrained ones are `tokenizers.Tokenizer` objects, read from and written to a
 `tokenizer.json` that `transformers.AutoTokenizer` also loads. `tokenizer_state` turns any of
@@ -9,11 +10,14 @@ them into plain strings, which the text datamodules keep in every checkpoint.
 """
 
 import hashlib
+import itertools
 import json
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from src.utils.errors import CheckpointError, ConfigError, MissingFileError
@@ -35,6 +39,15 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: list[str] | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids back to back, one length per text): an Arrow array's UTF-8 buffer is the
+        answer already, read without a copy."""
+        texts = _as_large_strings(texts)
+        offsets = np.frombuffer(texts.buffers()[1], np.int64)[texts.offset :][: len(texts) + 1]
+        data = texts.buffers()[2]
+        values = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+        return values[offsets[0] : offsets[-1]], np.diff(offsets)
 
     def decode(self, ids: list[int]) -> str:
         """Bytes back to text; special ids are dropped and broken UTF-8 shows as U+FFFD."""
@@ -60,6 +73,15 @@ class FileTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str] | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids back to back, one length per text), encoded in parallel by `tokenizers`."""
+        if isinstance(texts, pa.Array | pa.ChunkedArray):
+            texts = texts.to_pylist()
+        encodings = self.tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+        lengths = np.fromiter(map(len, encodings), np.int64, len(encodings))
+        ids = itertools.chain.from_iterable(encoding.ids for encoding in encodings)
+        return np.fromiter(ids, np.int64, int(lengths.sum())), lengths
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -144,6 +166,14 @@ def build_tokenizer(
     if folder is not None:
         tokenizer.save(folder)
     return tokenizer
+
+
+def _as_large_strings(texts: list[str] | pa.Array) -> pa.LargeStringArray:
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks()
+    if not isinstance(texts, pa.Array):
+        texts = pa.array(texts, pa.large_string())
+    return texts.cast(pa.large_string())
 
 
 def tokenizer_state(tokenizer: ByteTokenizer | FileTokenizer) -> dict[str, str]:

@@ -1,0 +1,169 @@
+"""Local corpora as Hugging Face `datasets` tables (Arrow, memory-mapped): `.txt` files cut into
+documents, `.jsonl`/`.json` and `.parquet` files read as they are, from files, globs or folders.
+
+Bad input stops with a one-line `DataError` naming the file and the line or row.
+"""
+
+import codecs
+import glob
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from src.utils.errors import DataError, MissingFileError
+
+FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+CHUNK_BYTES = 4 << 20
+
+datasets.disable_progress_bars()
+datasets.logging.set_verbosity_error()  # its failures reach the user as our one-line errors
+
+
+def resolve_files(paths: list[str], key: str = "data.paths") -> list[Path]:
+    """The files `paths` name, in order: files as given, globs and folders (their files of a
+    known format, not recursing) in name order."""
+    found: list[Path] = []
+    for entry in paths:
+        path = Path(entry)
+        if glob.has_magic(str(entry)):
+            matches = [Path(p) for p in sorted(glob.glob(str(entry), recursive=True))]
+            found += [p for p in matches if p.is_file() and p.suffix in FORMATS]
+        elif path.is_dir():
+            found += sorted(p for p in path.iterdir() if p.is_file() and p.suffix in FORMATS)
+        elif path.is_file():
+            if path.suffix not in FORMATS:
+                raise DataError(f"{key}: {str(path)!r} is not one of the formats {list(FORMATS)}")
+            found.append(path)
+        else:
+            raise MissingFileError(f"{key}: {str(path)!r} is neither a file, a folder nor a glob")
+    if not found:
+        raise DataError(f"{key}={[str(p) for p in paths]} holds no {'/'.join(FORMATS)} files")
+    return found
+
+
+def content_fingerprint(files: list[Path]) -> str:
+    """A hash of the files' names and contents, read in chunks."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with path.open("rb") as file:
+            while chunk := file.read(CHUNK_BYTES):
+                digest.update(chunk)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def read_documents(
+    files: list[Path], separator: re.Pattern | None, text_field: str, work_dir: Path
+) -> datasets.Dataset:
+    """One row per non-empty document, in a column `text`: `.txt` files cut by `separator`
+    (None: a file is a document) and stripped, JSON and Parquet rows' `text_field`."""
+    parts = []
+    for number, (kind, group) in enumerate(itertools.groupby(files, lambda p: FORMATS[p.suffix])):
+        group = list(group)
+        if kind == "text":
+            parts.append(read_text_files(group, separator, work_dir / f"text-{number}.arrow"))
+            continue
+        records = read_records(group, kind, work_dir)
+        if text_field not in records.column_names:
+            raise DataError(
+                f"{group[0]} has no column data.text_field={text_field!r}; its columns are "
+                f"{records.column_names}"
+            )
+        records = records.select_columns([text_field])
+        if text_field != "text":
+            records = records.rename_column(text_field, "text")
+        parts.append(records.with_format("arrow").filter(_has_text, batched=True).with_format())
+    if len(parts) > 1:  # one text type, so that the parts concatenate
+        string = datasets.Value("string")
+        parts = [
+            p if p.features["text"] == string else p.cast_column("text", string) for p in parts
+        ]
+    corpus = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+    if not len(corpus):
+        raise DataError(f"{[str(p) for p in files]} contain no text")
+    return corpus
+
+
+def read_text_files(files: list[Path], separator: re.Pattern | None, arrow_path: Path):
+    """`.txt` documents written to an Arrow file that `datasets` maps. Cut here, because the
+    `text` builder of `datasets` cuts only at lines or at exactly two newlines."""
+    schema = pa.schema([("text", pa.string())])
+    arrow_path.parent.mkdir(parents=True, exist_ok=True)
+    with pa.ipc.new_stream(str(arrow_path), schema) as writer:
+        for path in files:
+            for documents in _text_documents(path, separator):
+                writer.write_batch(
+                    pa.record_batch([pa.array(documents, pa.large_string())], schema)
+                )
+    return datasets.Dataset.from_file(str(arrow_path))
+
+
+def _text_documents(path: Path, separator: re.Pattern | None) -> Iterator[list[str]]:
+    """The stripped, non-empty documents of one file, a chunk of the file at a time: the text
+    after a chunk's last separator is carried into the next chunk."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    carried, lines = "", 0
+    with path.open("rb") as file:
+        while True:
+            chunk = file.read(CHUNK_BYTES if separator is not None else -1)
+            try:
+                text = carried + decoder.decode(chunk, final=not chunk or separator is None)
+            except UnicodeDecodeError as error:
+                line = lines + chunk[: error.start].count(b"\n") + 1
+                raise DataError(
+                    f"{path}, line {line} is not UTF-8 text ({error.reason}); convert the file "
+                    f"to UTF-8 or leave it out of data.paths"
+                ) from None
+            lines += chunk.count(b"\n")
+            pieces = [text] if separator is None else separator.split(text)
+            carried = pieces.pop() if chunk and separator is not None else ""
+            documents = [piece.strip() for piece in pieces]
+            yield [document for document in documents if document]
+            if not chunk or separator is None:
+                return
+
+
+def read_records(files: list[Path], kind: str, work_dir: Path) -> datasets.Dataset:
+    """JSON lines or Parquet rows through `datasets.load_dataset`, its errors named by file and
+    line (JSON) or file (Parquet)."""
+    try:
+        return datasets.load_dataset(
+            kind, data_files=[str(p) for p in files], split="train", cache_dir=str(work_dir)
+        )
+    except Exception as error:
+        if kind == "json":
+            for path in files:
+                _check_json_lines(path)
+        cause = error.__cause__ or error
+        raise DataError(f"{[str(p) for p in files]} cannot be read as {kind}: {cause}") from None
+
+
+def _check_json_lines(path: Path) -> None:
+    """Raise a DataError naming the first line of `path` that is not a JSON object."""
+    with path.open("rb") as file:
+        for number, line in enumerate(file, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except UnicodeDecodeError:
+                raise DataError(f"{path}, line {number} is not UTF-8 text") from None
+            except json.JSONDecodeError as error:
+                raise DataError(
+                    f"{path}, line {number} is not valid JSON: {error.msg} (column {error.colno})"
+                ) from None
+            if not isinstance(record, dict):
+                raise DataError(f"{path}, line {number} is not a JSON object: {line[:80]!r}")
+
+
+def _has_text(table: pa.Table) -> pa.Array:
+    text = table["text"]
+    return pc.fill_null(pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0), False)

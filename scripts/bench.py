@@ -273,7 +273,7 @@ def bench_ddp(args, work: Path) -> list[dict]:
 
 # -- 5. FSDP vs DDP on one GPU, the 0.6B LM --------------------------------------------------
 
-RECOMPUTE = "trainer.strategy.activation_checkpointing_policy=${trainer.strategy.auto_wrap_policy}"
+RECOMPUTE = "model.activation_checkpointing=true"
 FSDP_ARMS = {
     "ddp": ["trainer=ddp"],
     "fsdp": ["trainer=fsdp"],

@@ -4,20 +4,34 @@
     python scripts/bench_lm.py --quick                # a few seconds: smaller models, one repeat
     python scripts/bench_lm.py --output bench.md      # also write the Markdown section
     python scripts/bench_lm.py --device cuda --models qwen3_0_6b   # a GPU, any conf/model config
+    python scripts/bench_lm.py --models dense --vocab-size 151936 --hidden-size 256 --layers 2 \
+        --batch-size 2 --seq-len 2048 --memory            # Qwen3's vocabulary: peak memory too
+    python scripts/bench_lm.py --finetune --models qwen3_0_6b --batch-size 1 --seq-len 512
+                                                      # full vs LoRA, activation checkpointing
 
 For each model (dense, hybrid) and precision (fp32, bf16-mixed via torch.autocast), both
 implementations get the same config, weights (QwenLM is saved with save_pretrained and loaded by
-transformers), batch, sequence length and AdamW settings. Their logits are compared before
-anything is timed. A timed step is forward + backward + optimizer step, timed after the
-device has finished it (CUDA runs asynchronously). The first step of each is reported apart
+transformers), batch, sequence length and AdamW settings. Each computes the next-token loss its
+own way: QwenLM from its hidden states in chunks of `model.loss_chunk_size` rows, transformers
+from full logits. Their logits and losses are compared before anything is timed. A timed step
+is forward + backward + optimizer step, timed after the device has finished it (CUDA runs
+asynchronously). The first step of each is reported apart
 (cold start), one more is a warm-up, then the two alternate, `--repeats` times, their order
 swapped every repeat; the table shows medians. Model FLOPs utilisation uses
 QwenLM.flops_per_token against the device's peak per precision: a GPU's dense datasheet figure
 (src/callbacks/peak_flops.py), or, on a CPU or an unlisted GPU, a matmul peak measured here.
+`--memory` adds each implementation's peak memory over two training steps, each in a fresh
+process: its peak resident memory on a CPU, the most CUDA memory it allocated on a GPU.
+`--finetune` trains QwenLM alone instead, four ways, each in its own process: every weight
+(full fine-tuning) or LoRA r=16 adapters on the frozen base, each with activation checkpointing
+off and on; it reports trainable parameters, peak memory and the median step.
 """
 
 import argparse
+import json
+import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,17 +42,34 @@ import torch
 import torch.nn.functional as F
 
 from src.callbacks.peak_flops import gpu_peak_flops
-from src.models.qwen import QwenLM
-from src.run.benchmarks import CONF_DIR, machine_line, markdown, model_config, publish
+from src.models.adapters import attach_lora
+from src.models.qwen import QwenConfig, QwenLM
+from src.run.benchmarks import CONF_DIR, ROOT, machine_line, markdown, model_config, publish
+from src.utils.contracts import IGNORE_INDEX
 from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
 
 # Short names for the tiny configs; `--models` also takes any conf/model/<name>.yaml of the LM.
 MODELS = {"dense": "qwen3_tiny", "hybrid": "qwen3_next_tiny"}
+IMPLEMENTATIONS = ("ours", "transformers")
 PRECISIONS = ("fp32", "bf16-mixed")
 COLUMNS = (
     "model", "precision", "params", "ours tok/s", "transformers tok/s", "speedup",
     "ours MFU", "transformers MFU", "cold start ours / transformers", "max abs Δ logits",
+    "rel Δ loss",
 )  # fmt: skip
+# --finetune: (LoRA, activation checkpointing) per variant, and the adapters' settings.
+FINETUNE_VARIANTS = {
+    "full": (False, False),
+    "full, activation checkpointing": (False, True),
+    "LoRA r=16": (True, False),
+    "LoRA r=16, activation checkpointing": (True, True),
+}
+LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
+FINETUNE_COLUMNS = ("model", "precision", "variant", "trainable params", "peak memory", "step",
+                    "tok/s", "cold start")  # fmt: skip
+MEMORY_COLUMNS = ("ours peak memory", "transformers peak memory", "memory ratio")
+# --vocab-size, --hidden-size, --layers: the config keys they resize.
+RESIZING = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "layers": "num_hidden_layers"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -62,6 +93,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="where to train: cuda when available, else cpu",
     )
     parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    parser.add_argument("--vocab-size", type=int, help="resize every model's vocabulary")
+    parser.add_argument("--hidden-size", type=int, help="resize every model's hidden size")
+    parser.add_argument("--layers", type=int, help="resize every model's decoder layers")
+    parser.add_argument("--memory", action="store_true", help="measure peak memory too")
+    parser.add_argument(
+        "--finetune",
+        action="store_true",
+        help="instead: full fine-tuning vs LoRA r=16, activation checkpointing on and off",
+    )
     parser.add_argument("--output", type=Path, help="write the Markdown table there too")
     parser.add_argument("--profile", action="store_true", help="print each one's costliest ops")
     args = parser.parse_args(argv)
@@ -117,19 +157,30 @@ class Runner:
         self.ids = ids
         self.bf16 = bf16
         self.calls_transformers = calls_transformers
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+        trained = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=1e-4, weight_decay=0.1)
+
+    def autocast(self):
+        autocast = torch.autocast(self.ids.device.type, dtype=torch.bfloat16)
+        return autocast if self.bf16 else nullcontext()
 
     def logits(self) -> torch.Tensor:
-        autocast = torch.autocast(self.ids.device.type, dtype=torch.bfloat16)
-        with autocast if self.bf16 else nullcontext():
+        with self.autocast():
             if self.calls_transformers:
                 return self.model(input_ids=self.ids, use_cache=False).logits
             return self.model(self.ids)
 
+    def loss(self) -> torch.Tensor:
+        """The mean next-token loss over the batch, as each implementation computes it."""
+        with self.autocast():
+            if self.calls_transformers:
+                return self.model(input_ids=self.ids, labels=self.ids, use_cache=False).loss
+            labels = F.pad(self.ids[:, 1:], (0, 1), value=IGNORE_INDEX)  # labels[t] = ids[t + 1]
+            loss_sum, tokens, _ = self.model(self.ids, labels=labels)
+            return loss_sum / tokens
+
     def step(self) -> None:
-        logits = self.logits()
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), self.ids[:, 1:].flatten())
-        loss.backward()
+        self.loss().backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
@@ -156,24 +207,144 @@ def profile(runner: Runner) -> str:
     return profiler.key_averages().table(sort_by=sort_by, row_limit=8)
 
 
-def compare(kind: str, precision: str, args, peaks: dict[str, float]) -> dict[str, str]:
+def load(implementation: str, folder: str, device: torch.device):
+    """The model of `implementation` ("ours" or "transformers") from a transformers folder."""
+    if implementation == "ours":
+        return QwenLM.from_pretrained(folder).to(device)
     import transformers
 
-    config = model_config(MODELS.get(kind, kind), args.quick)
+    return transformers.AutoModelForCausalLM.from_pretrained(folder).to(device)
+
+
+def batch_of(vocab_size: int, args) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab_size, (args.batch_size, args.seq_len), generator=generator)
+    return ids.to(args.device)
+
+
+def in_fresh_process(call: str) -> dict:
+    """What `call` (a call of this module's functions) prints as JSON, run in a new process."""
+    code = f"from scripts.bench_lm import *; {call}"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{call} failed:\n{result.stderr}")
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def child_options(args) -> str:
+    """The arguments a child process needs, as JSON."""
+    keys = ("batch_size", "seq_len", "device", "steps", "repeats")
+    return json.dumps({k: str(v) if k == "device" else v for k, v in vars(args).items()
+                       if k in keys})  # fmt: skip
+
+
+def child_args(options: str) -> argparse.Namespace:
+    use_pytorch_kernels_in_transformers()
+    args = argparse.Namespace(**json.loads(options))
+    args.device = torch.device(args.device)
+    return args
+
+
+def peak_bytes(device: torch.device) -> int:
+    """This process's peak memory so far: CUDA memory allocated, or resident memory on a CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def peak_memory(implementation: str, folder: str, precision: str, args) -> int:
+    """Bytes at the peak of two training steps of `implementation`, in a fresh process."""
+    call = (
+        f"peak_memory_here({implementation!r}, {folder!r}, {precision!r}, {child_options(args)!r})"
+    )
+    return in_fresh_process(call)["peak_bytes"]
+
+
+def peak_memory_here(implementation: str, folder: str, precision: str, options: str) -> None:
+    """`peak_memory`'s child: train two steps, print the peak."""
+    args = child_args(options)
+    model = load(implementation, folder, args.device)
+    runner = Runner(model, batch_of(model.config.vocab_size, args), precision == "bf16-mixed",
+                    implementation == "transformers")  # fmt: skip
+    runner.timed(2)
+    print(json.dumps({"peak_bytes": peak_bytes(args.device)}))
+
+
+def finetune_here(folder: str, variant: str, precision: str, options: str) -> None:
+    """`finetune`'s child: one FINETUNE_VARIANTS variant of QwenLM from `folder`, trained on one
+    batch: the first step (cold), one warm-up, then `repeats` rounds of `steps` steps."""
+    args = child_args(options)
+    lora, checkpointed = FINETUNE_VARIANTS[variant]
+    net = QwenLM.from_pretrained(folder)
+    for layer in net.model.layers:
+        layer.checkpointed = checkpointed
+    if lora:
+        attach_lora(net, LORA, folder)
+    runner = Runner(net.to(args.device), batch_of(net.config.vocab_size, args),
+                    precision == "bf16-mixed", calls_transformers=False)  # fmt: skip
+    cold = runner.timed(1)
+    runner.timed(1)
+    rounds = [runner.timed(args.steps) / args.steps for _ in range(args.repeats)]
+    trainable = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    result = {"cold_s": cold, "step_s": statistics.median(rounds), "trainable": trainable}
+    print(json.dumps({**result, "peak_bytes": peak_bytes(args.device)}))
+
+
+def finetune(kind: str, precision: str, args) -> list[dict[str, str]]:
+    """Full fine-tuning against LoRA, each with and without activation checkpointing, every
+    variant in its own process (peak memory is per process)."""
+    config = resized(model_config(MODELS.get(kind, kind), args.quick), args)
     torch.manual_seed(0)
-    ours = QwenLM(config)
+    rows = []
     with tempfile.TemporaryDirectory() as folder:
-        ours.save_pretrained(folder)
-        theirs = transformers.AutoModelForCausalLM.from_pretrained(folder)
-    ours, theirs = ours.to(args.device), theirs.to(args.device)
-    ids = torch.randint(0, config.vocab_size, (args.batch_size, args.seq_len), device=args.device)
+        QwenLM(config).save_pretrained(folder)
+        for variant in FINETUNE_VARIANTS:
+            call = f"finetune_here({folder!r}, {variant!r}, {precision!r}, {child_options(args)!r})"
+            result = in_fresh_process(call)
+            tokens = args.batch_size * args.seq_len
+            rows.append({
+                "model": kind, "precision": precision, "variant": variant,
+                "trainable params": f"{result['trainable'] / 1e6:,.2f}M",
+                "peak memory": f"{result['peak_bytes'] / 2**30:.2f} GiB",
+                "step": f"{result['step_s']:.2f} s", "tok/s": f"{tokens / result['step_s']:,.0f}",
+                "cold start": f"{result['cold_s']:.2f} s",
+            })  # fmt: skip
+    return rows
+
+
+def resized(config, args):
+    changes = {key: getattr(args, arg) for arg, key in RESIZING.items() if getattr(args, arg)}
+    if "num_hidden_layers" in changes:
+        changes["layer_types"] = None  # the model type's default pattern, at the new depth
+    return QwenConfig.from_dict({**config.to_dict(), **changes})
+
+
+def resizing_line(args) -> str:
+    return ", ".join(f"{key}={getattr(args, arg)}" for arg, key in RESIZING.items()
+                     if getattr(args, arg))  # fmt: skip
+
+
+def compare(kind: str, precision: str, args, peaks: dict[str, float]) -> dict[str, str]:
+    config = resized(model_config(MODELS.get(kind, kind), args.quick), args)
+    torch.manual_seed(0)
     bf16 = precision == "bf16-mixed"
+    with tempfile.TemporaryDirectory() as folder:
+        QwenLM(config).save_pretrained(folder)
+        memory = {}
+        if args.memory:
+            memory = {name: peak_memory(name, folder, precision, args) for name in IMPLEMENTATIONS}
+        ours, theirs = (load(name, folder, args.device) for name in IMPLEMENTATIONS)
+    ids = batch_of(config.vocab_size, args)
     runners = {
         "ours": Runner(ours, ids, bf16, False),
         "transformers": Runner(theirs, ids, bf16, True),
     }
     with torch.no_grad():
         difference = (runners["ours"].logits() - runners["transformers"].logits()).abs().max()
+        losses = {name: runner.loss() for name, runner in runners.items()}
+    loss_difference = (losses["ours"] - losses["transformers"]).abs() / losses["transformers"]
 
     cold = {name: runner.timed(1) for name, runner in runners.items()}
     for runner in runners.values():  # warm-up (oneDNN builds kernels per shape), not timed
@@ -191,7 +362,7 @@ def compare(kind: str, precision: str, args, peaks: dict[str, float]) -> dict[st
     rate = {name: tokens / statistics.median(times) for name, times in seconds.items()}
     flops = ours.flops_per_token(args.seq_len)
     peak = peaks["bf16" if bf16 else "fp32"][0]
-    return {
+    row = {
         "model": f"{kind} ({MODELS[kind]})" if kind in MODELS else kind,
         "precision": precision,
         "params": f"{ours.num_parameters() / 1e6:.2f}M",
@@ -202,7 +373,13 @@ def compare(kind: str, precision: str, args, peaks: dict[str, float]) -> dict[st
         "transformers MFU": f"{rate['transformers'] * flops / peak:.1%}",
         "cold start ours / transformers": f"{cold['ours']:.2f} s / {cold['transformers']:.2f} s",
         "max abs Δ logits": f"{difference:.1e}",
+        "rel Δ loss": f"{loss_difference:.1e}",
     }
+    if memory:
+        row["ours peak memory"] = f"{memory['ours'] / 2**30:.2f} GiB"
+        row["transformers peak memory"] = f"{memory['transformers'] / 2**30:.2f} GiB"
+        row["memory ratio"] = f"{memory['ours'] / memory['transformers']:.2f}x"
+    return row
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, str]]:
@@ -217,7 +394,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
         "fp32": mfu_peak(torch.float32, size, args.device),
         "bf16": mfu_peak(torch.bfloat16, size, args.device),
     }
-    rows = [compare(k, p, args, peaks) for k in args.models for p in args.precisions]
+    if args.finetune:
+        rows = [row for k in args.models for p in args.precisions for row in finetune(k, p, args)]
+        table = markdown(rows, FINETUNE_COLUMNS)
+    else:
+        rows = [compare(k, p, args, peaks) for k in args.models for p in args.precisions]
+        table = markdown(rows, COLUMNS + MEMORY_COLUMNS if args.memory else COLUMNS)
     command = "python scripts/bench_lm.py " + " ".join(argv if argv is not None else sys.argv[1:])
     report = "\n".join([
         machine_line(transformers=transformers.__version__),
@@ -225,8 +407,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
         f"({peaks['fp32'][1]}), {peaks['bf16'][0] / 1e9:,.0f} GFLOP/s bf16 ({peaks['bf16'][1]})",
         f"Batch {args.batch_size} x {args.seq_len} tokens, {args.steps} steps per round, "
         f"median of {args.repeats} rounds; command: `{command.strip()}`",
+        *([f"Configs resized: {resizing}"] if (resizing := resizing_line(args)) else []),
         "",
-        markdown(rows, COLUMNS),
+        table,
     ])  # fmt: skip
     publish(report, args.output)
     return rows

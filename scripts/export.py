@@ -1,10 +1,16 @@
 """Export a checkpoint's network weights: `python scripts/export.py ckpt_path=... format=...`.
 
-Writes `model.safetensors` (format=safetensors, the default) or `model.pt` (format=state_dict,
-a plain state dict that loads with `weights_only=True`) into the run directory, with the
-resolved config of the training run as `config.yaml` and, for a run with a BPE or pretrained
-tokenizer, that tokenizer in `tokenizer/`, so that the export is self-contained. Start a new
-run from them with `python train.py model.pretrained=<exported file>`.
+Writes into the run directory, with the resolved config of the training run as `config.yaml`:
+- format=safetensors (the default): `model.safetensors`; format=state_dict: `model.pt`, a plain
+  state dict that loads with `weights_only=True`. With the run's BPE or pretrained tokenizer
+  in `tokenizer/`, so that the export is self-contained. Start a new run from them with
+  `python train.py model.pretrained=<exported file>`.
+- format=merged (language models): a transformers folder (config.json, model.safetensors and
+  the tokenizer) that `AutoModelForCausalLM.from_pretrained` loads, LoRA adapters merged in.
+- format=peft (LoRA runs, `adapter=lora`): `adapter_config.json` + `adapter_model.safetensors`,
+  which `peft.PeftModel.from_pretrained` loads onto transformers' model of the base folder,
+  and `python train.py ... adapter=lora adapter.path=<folder>` trains on from.
+An adapter run's safetensors and state_dict exports hold the merged weights.
 """
 
 import logging
@@ -14,27 +20,47 @@ from omegaconf import DictConfig, OmegaConf
 
 from src.checkpoints.restore import restore
 from src.checkpoints.weights import save_weights
+from src.models.adapters import merged_network
 from src.run.app import hydra_app
+from src.run.hf_export import export_for_transformers, export_peft
 from src.utils.errors import ConfigError
 from src.utils.weights import network_state_dict
 
 log = logging.getLogger(__name__)
 FILENAMES = {"safetensors": "model.safetensors", "state_dict": "model.pt"}
+FOLDERS = ("merged", "peft")  # written by src/run/hf_export.py
 
 
 def export(cfg: DictConfig) -> Path:
-    """Write the weights, the config and the tokenizer; return the weights file's path."""
-    if cfg.format not in FILENAMES:
-        raise ConfigError(f"format={cfg.format!r} is not one of {', '.join(FILENAMES)}.")
+    """Write the weights, the config and the tokenizer; return the weights file's path (the
+    folder for format=merged and format=peft)."""
+    if cfg.format not in (*FILENAMES, *FOLDERS):
+        raise ConfigError(
+            f"format={cfg.format!r} is not one of {', '.join([*FILENAMES, *FOLDERS])}."
+        )
     restored = restore(cfg.ckpt_path)
     out_dir = Path(cfg.paths.output_dir)
-    weights = out_dir / FILENAMES[cfg.format]
-    save_weights(network_state_dict(restored.model.state_dict()), weights)
+    if cfg.format in FOLDERS:
+        if cfg.format == "merged":
+            export_for_transformers(restored.model, restored.tokenizer, out_dir)
+        else:
+            export_peft(restored.model, out_dir)
+        weights = out_dir
+    else:
+        weights = out_dir / FILENAMES[cfg.format]
+        save_weights(network_state_dict(network_weights(restored.model)), weights)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(restored.config))
-    if restored.tokenizer is not None:
+    if restored.tokenizer is not None and cfg.format != "merged":
         restored.tokenizer.save(out_dir / "tokenizer")  # nothing for the byte tokenizer
     log.info("Exported %s -> %s", cfg.ckpt_path, weights)
     return weights
+
+
+def network_weights(model) -> dict:
+    """The model's state dict; for a LoRA run, its network with the adapters merged in."""
+    if getattr(model, "adapter", None) is not None:
+        return merged_network(model.net).state_dict()
+    return model.state_dict()
 
 
 @hydra_app("export")

@@ -8,7 +8,6 @@ saved as transformers saves one, with a ChatML template or a Qwen3-like one that
 import json
 import logging
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -201,12 +200,6 @@ def test_a_missing_chat_template_or_tokenizer_folder_is_a_clear_config_error(tmp
         SFTDataModule(template="tokenizer")
     with pytest.raises(ConfigError, match=r"data.template='chatml'"):
         SFTDataModule(template="chatml", tokenizer=pretrained)
-
-
-def test_without_transformers_the_chat_template_asks_for_it(chatml, monkeypatch):
-    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` fails
-    with pytest.raises(ConfigError, match=r"with transformers, which is not installed: pip"):
-        ChatTemplate(chatml).render([MULTI_TURN], ["row 1"])
 
 
 def test_an_end_of_text_token_other_than_the_templates_end_of_turn_is_warned_about(

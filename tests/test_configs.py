@@ -20,12 +20,16 @@ REQUIRED = {  # options whose data has no embedded default
     "data=shakespeare_bytes": ["model=qwen3_tiny"],
     "data=text": ["model=qwen3_tiny"],
     "data=sft": ["model=qwen3_tiny"],
+    # Adapters go on a language model.
+    "adapter=lora": ["experiment=lm_text"],
+    "adapter=none": ["experiment=lm_text"],
 }
 
 
 def group_options():
     for group in (
         "model",
+        "adapter",
         "data",
         "optimizer",
         "scheduler",

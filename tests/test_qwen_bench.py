@@ -1,15 +1,19 @@
 """scripts/bench_lm.py in --quick mode: the report's format, never its timings."""
 
 import re
+from argparse import Namespace
 
 import pytest
 import torch
 
+from scripts.bench_lm import FINETUNE_VARIANTS, IMPLEMENTATIONS, resized
 from scripts.bench_lm import main as bench_main
+from src.models.qwen import QwenLM
+from src.run.benchmarks import model_config
 
 HEADER = (
     "| model | precision | params | ours tok/s | transformers tok/s | speedup | ours MFU "
-    "| transformers MFU | cold start ours / transformers | max abs Δ logits |"
+    "| transformers MFU | cold start ours / transformers | max abs Δ logits | rel Δ loss |"
 )
 
 
@@ -29,8 +33,11 @@ def test_quick_benchmark_reports_every_model_and_precision_in_a_markdown_table(t
         assert re.fullmatch(r"\d+\.\d\dx", row["speedup"]), row
         assert re.fullmatch(r"\d+\.\d%", row["ours MFU"]), row
         assert re.fullmatch(r"[\d.]+ s / [\d.]+ s", row["cold start ours / transformers"]), row
-    # Numerics are checked before timing: identical weights give the same fp32 logits.
-    assert all(float(row["max abs Δ logits"]) < 1e-5 for row in rows if row["precision"] == "fp32")
+    # Numerics are checked before timing: identical weights give the same fp32 logits, and the
+    # chunked loss is transformers' full-logits loss.
+    for row in rows:
+        if row["precision"] == "fp32":
+            assert float(row["max abs Δ logits"]) < 1e-5 and float(row["rel Δ loss"]) < 1e-6, row
 
     report = output.read_text()
     assert report.startswith("Machine: ")
@@ -51,3 +58,27 @@ def test_device_cuda_without_a_gpu_is_refused_rather_than_benchmarking_the_cpu(c
     with pytest.raises(SystemExit):
         bench_main(["--device", "cuda"])
     assert "--device cuda: this machine has no CUDA device" in capsys.readouterr().err
+
+
+def test_memory_adds_each_implementations_peak_measured_in_its_own_process():
+    (row,) = bench_main(["--quick", "--memory", "--models", "dense", "--precisions", "fp32",
+                         "--vocab-size", "4096", "--layers", "1"])  # fmt: skip
+    ours, theirs = (float(row[f"{name} peak memory"].split()[0]) for name in IMPLEMENTATIONS)
+    assert 0.1 < ours < 64 and 0.1 < theirs < 64, row  # GiB of a real process, not 0 or bytes
+    assert float(row["memory ratio"][:-1]) == pytest.approx(ours / theirs, abs=0.02)
+    resizing = Namespace(vocab_size=4096, hidden_size=None, layers=1)
+    config = resized(model_config("qwen3_tiny", quick=True), resizing)
+    assert (config.vocab_size, config.num_hidden_layers) == (4096, 1)
+    assert row["params"] == f"{QwenLM(config).num_parameters() / 1e6:.2f}M"
+
+
+def test_finetune_compares_full_training_with_lora_with_and_without_recomputation():
+    rows = bench_main(["--quick", "--finetune", "--models", "dense", "--precisions", "fp32"])
+    assert [row["variant"] for row in rows] == list(FINETUNE_VARIANTS)
+    trainable = {row["variant"]: float(row["trainable params"][:-1]) for row in rows}
+    assert trainable["LoRA r=16"] < trainable["full"]
+    assert trainable["full, activation checkpointing"] == trainable["full"]
+    assert trainable["LoRA r=16, activation checkpointing"] == trainable["LoRA r=16"]
+    for row in rows:
+        assert re.fullmatch(r"\d+\.\d\d GiB", row["peak memory"]), row
+        assert re.fullmatch(r"\d+\.\d\d s", row["step"]), row

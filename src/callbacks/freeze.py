@@ -8,6 +8,8 @@ from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
 from torch.optim import Optimizer
 
+from src.utils.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -21,7 +23,8 @@ class FreezeLayers(BaseFinetuning):
     whatever `train_only` names (e.g. `model.norm`, `lm_head`; with tied embeddings the head
     is `model.embed_tokens`). Frozen parameters never
     reach the optimizer; at `unfreeze_at_epoch` they join it with `unfreeze_lr_factor` x the
-    base learning rate.
+    base learning rate. It refuses a model with LoRA adapters (`adapter=lora`), which freezes
+    its base itself.
     """
 
     def __init__(
@@ -47,6 +50,13 @@ class FreezeLayers(BaseFinetuning):
         self.frozen: list[nn.Module] = []
 
     def freeze_before_training(self, pl_module: LightningModule) -> None:
+        if getattr(pl_module, "adapter", None) is not None:
+            raise ConfigError(
+                "callbacks=freeze and adapter=lora do not combine: LoRA already freezes the "
+                "whole base and trains only its adapters. Choose one; to adapt fewer modules, "
+                "narrow adapter.target_modules (e.g. [q_proj,v_proj], or "
+                "[layers.3.self_attn.q_proj] for one layer)."
+            )
         self.frozen = self._modules_to_freeze(pl_module)
         self.freeze(self.frozen, train_bn=self.train_bn)
         frozen = sum(p.numel() for p in pl_module.parameters() if not p.requires_grad)

@@ -10,7 +10,11 @@ iterator, and the resumed run builds one before `on_train_start`: restoring ther
 extra draw. A run saved between epochs (the default end-of-epoch checkpoint) had not yet built
 the next epoch's: its states go back in `on_fit_start`, so that the resumed run builds it from
 them, draw included, as the uninterrupted run did. (The sanity check in between runs under
-Lightning's `isolate_rng` and leaves them alone.)
+Lightning's `isolate_rng` and leaves them alone.) So does a run saved after an epoch's last
+batch (a periodic `every_n_train_steps` checkpoint that falls there): Lightning resumes it as
+the start of the next epoch, skipping the rest of the epoch's end, and the iterator it builds
+first is that epoch's. (The validation it skips would have drawn one seed for its iterator;
+Lightning's fast-forward over that validation draws the same one.)
 """
 
 import random
@@ -55,6 +59,10 @@ class RNGState(Callback):
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._between_epochs = False
+
+    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
+        # Before the checkpoint callbacks (Lightning runs them last) and Preemption (listed after).
+        self._between_epochs = trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._between_epochs = True

@@ -63,6 +63,9 @@ def restore(ckpt_path: str | Path, overrides: Sequence[str] = ()) -> Restored:
     for group in ("model", "data"):
         check_targets(OmegaConf.to_container(config[group]), f"{ckpt_path}: {group}")
     model = hydra.utils.instantiate(inference_node(config.model, ckpt_path))
+    # As Trainer does before loading: the model may complete its state there (a LoRA run's
+    # checkpoint names its frozen base instead of holding it, src/models/adapters.py).
+    model.on_load_checkpoint(checkpoint)
     if problems := describe_mismatch(model.state_dict(), checkpoint["state_dict"]):
         raise CheckpointError(
             f"The weights in {ckpt_path} do not fit {config.model._target_} as it is built "
@@ -137,11 +140,11 @@ def apply_overrides(config: DictConfig, overrides: Sequence[str]) -> DictConfig:
 
 def inference_node(node: DictConfig, ckpt_path: str | Path) -> dict[str, Any]:
     """The stored model config, made buildable for inference by the class as it is now: no
-    starting weights (the checkpoint has them), None for a training-only argument it requires
-    but that is not stored, and without the keys its signature no longer takes (with a
-    warning: a checkpoint older than the class)."""
+    starting weights (the checkpoint has them; an adapter run's keeps `pretrained`, its base),
+    None for a training-only argument it requires but that is not stored, and without the keys
+    its signature no longer takes (with a warning: a checkpoint older than the class)."""
     node = OmegaConf.to_container(node)
-    if "pretrained" in node:
+    if "pretrained" in node and not node.get("adapter"):
         node["pretrained"] = None
     parameters = inspect.signature(hydra.utils.get_object(node["_target_"])).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())

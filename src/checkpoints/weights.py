@@ -4,6 +4,7 @@ src/utils/weights.py."""
 from pathlib import Path
 
 import torch
+from lightning.pytorch import LightningModule
 from safetensors.torch import save_file
 from torch import nn
 
@@ -14,6 +15,9 @@ from src.utils.weights import describe_mismatch, load_checkpoint
 def check_checkpoint_fits(model: nn.Module, checkpoint_path: str | Path) -> None:
     """Fail before training when a checkpoint was written for another model or data shape."""
     checkpoint = load_checkpoint(checkpoint_path)
+    if isinstance(model, LightningModule):
+        # As Trainer does before loading: a LoRA run's checkpoint gets its base back there.
+        model.on_load_checkpoint(checkpoint)
     if problems := describe_mismatch(model.state_dict(), checkpoint.get("state_dict", {})):
         trained = checkpoint.get("run_config", {}).get("overrides")
         origin = f" It was written by a run with overrides {trained}." if trained else ""

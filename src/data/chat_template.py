@@ -89,13 +89,8 @@ class ChatTemplate:
         """transformers' tokenizer of the folder: it supplies `apply_chat_template` and the special
         tokens the template may name (`bos_token`, `eos_token`)."""
         if self._tokenizer is None:
-            try:
-                from transformers import PreTrainedTokenizerFast
-            except ImportError:
-                raise ConfigError(
-                    "data.template=tokenizer renders chat templates with transformers, which is "
-                    "not installed: pip install 'transformers>=4.57' (or the dev extra)"
-                ) from None
+            from transformers import PreTrainedTokenizerFast  # slow to import: when first used
+
             self._tokenizer = PreTrainedTokenizerFast.from_pretrained(
                 self.folder, local_files_only=True
             )
@@ -179,7 +174,7 @@ class ChatTemplate:
         if not chats:
             return []
         options = {"tokenize": False, "chat_template": self.text}
-        tokenizer = self.tokenizer  # outside the try: a missing transformers is its own error
+        tokenizer = self.tokenizer
         try:
             return tokenizer.apply_chat_template(chats, add_generation_prompt=generation, **options)
         except Exception as batch_error:  # find the conversation to name

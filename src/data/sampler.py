@@ -20,12 +20,30 @@ class ResumableDistributedSampler(StatefulDistributedSampler):
     without the epoch in the checkpoint a run resumed in epoch 3 would replay epoch 0's order.
     """
 
+    # The loader yields no more batches this epoch once fewer samples than this are left: its
+    # batch size when it drops the last partial batch (set by `resumable_loader`), else 1.
+    smallest_batch = 1
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "epoch": self.epoch}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self.epoch = state_dict["epoch"]
+        if self.num_samples - state_dict[self._YIELDED] < self.smallest_batch:
+            self._start_next_epoch()
+
+    def _start_next_epoch(self) -> None:
+        """Resume a state whose epoch has no batch left as the start of the next epoch.
+
+        Such a state comes from a checkpoint saved after the epoch's last batch (a periodic
+        one that falls there). Lightning resumes it as the start of the next epoch, iterating
+        the loader restored from it: left at the end of its epoch, that loader would yield
+        nothing and the run would end there. It yields the next epoch instead, in the order the
+        uninterrupted run draws for it (seed + epoch).
+        """
+        self.epoch += 1
+        self.next_yielded = None
 
 
 def resumable_sampler(
@@ -52,11 +70,15 @@ def resumable_loader(
     resumed run continues exactly. Shuffled (training) loaders drop the last partial batch:
     every optimizer step has the same size, on every rank. Uses the datamodule's
     `shuffle_seed` and `num_workers`."""
+    sampler = resumable_sampler(datamodule, dataset, shuffle, datamodule.shuffle_seed)
+    drop_last = shuffle and batch_size is not None
+    if drop_last:
+        sampler.smallest_batch = batch_size
     return StatefulDataLoader(
         dataset,
         batch_size=batch_size,
-        sampler=resumable_sampler(datamodule, dataset, shuffle, datamodule.shuffle_seed),
-        drop_last=shuffle and batch_size is not None,
+        sampler=sampler,
+        drop_last=drop_last,
         num_workers=datamodule.num_workers,
         persistent_workers=datamodule.num_workers > 0,
         **options,

@@ -4,16 +4,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torchmetrics import MaxMetric, SumMetric
 
+from src.models.adapters import attach_lora, complete_state_dict, strip_base
 from src.models.exact_match import count_exact_matches
 from src.models.optimization import OptimizedModule, OptimizerFactory
 from src.models.parallel import shard_decoder_layers
 from src.models.qwen import QwenConfig, QwenLM
 from src.models.qwen.kernels import PYTORCH
-from src.utils.contracts import IGNORE_INDEX, ExactMatchExample, Tokenizer
+from src.models.qwen.loss import TokenLoss
+from src.utils.contracts import ExactMatchExample, Tokenizer
 from src.utils.errors import ConfigError
 
 # Summed over a validation or test split: token losses, supervised tokens, and tokens predicted
@@ -42,10 +43,16 @@ class LanguageModel(OptimizedModule):
     the Qwen model configs choose AdamW (`optimizer=adamw_lm`) and a linear warmup then cosine
     decay per step (`scheduler=warmup_cosine`). Weight decay applies to matrices only, not to
     norms, biases or the DeltaNet gates. Without an optimizer the module still evaluates and
-    generates. `config` is a QwenConfig as a plain dict, the only hyperparameter, so
-    checkpoints load with `torch.load(weights_only=True)`. `pretrained`, a transformers-format
+    generates. `config` is a QwenConfig as a plain dict, the only hyperparameter (with the
+    adapter's plain values in a LoRA run), so checkpoints load with
+    `torch.load(weights_only=True)`. `pretrained`, a transformers-format
     folder (e.g. a released Qwen3 checkpoint) whose config.json matches `config`, gives the
     starting weights; checkpoints do not need it afterwards.
+
+    `adapter` (the `adapter` config group, `adapter=lora`; see `src/models/adapters.py`)
+    freezes that base and trains LoRA adapters injected with peft: checkpoints then hold the
+    adapters and the base's path and fingerprint instead of the base, which `pretrained` (or,
+    when None, the recorded path) supplies again on loading.
     """
 
     def __init__(
@@ -55,6 +62,9 @@ class LanguageModel(OptimizedModule):
         scheduler: dict[str, Any] | None = None,
         pretrained: str | None = None,
         kernels: str = "auto",
+        loss_chunk_size: int | None = 1024,
+        activation_checkpointing: bool = False,
+        adapter: dict[str, Any] | None = None,
     ):
         super().__init__(optimizer, scheduler)
         if kernels not in KERNEL_CHOICES:
@@ -62,11 +72,25 @@ class LanguageModel(OptimizedModule):
                 f"model.kernels={kernels!r}: choose auto (the installed fused kernels on GPU "
                 f"inputs) or pytorch (the PyTorch code everywhere, e.g. to compare the two)"
             )
+        if loss_chunk_size is not None and loss_chunk_size < 1:
+            raise ConfigError(
+                f"model.loss_chunk_size={loss_chunk_size}: give the rows of logits computed at "
+                f"a time (e.g. 1024), or null for all of them at once"
+            )
         qwen_config = QwenConfig.from_dict(dict(config))
         self.save_hyperparameters({"config": qwen_config.to_dict()}, logger=False)
-        self.net = QwenLM(qwen_config, KERNEL_CHOICES[kernels])
+        self.net = QwenLM(
+            qwen_config, KERNEL_CHOICES[kernels], loss_chunk_size, activation_checkpointing
+        )
         if pretrained:
             self.net.load_hf_weights(pretrained)
+        # adapter=lora: the base frozen in its dtype, LoRA adapters the only trained weights.
+        self.adapter = attach_lora(self.net, adapter, pretrained) if adapter else None
+        if self.adapter is not None:
+            self.hparams["adapter"] = self.adapter.spec.to_dict()  # load_from_checkpoint
+            # Checkpoints leave the base out; on_load_checkpoint puts it back and checks that
+            # every other key is there (FSDP2's strategy loads the state before that hook).
+            self.strict_loading = False
         # By name, while shapes are still whole: wrappers such as FSDP flatten them later.
         self.no_weight_decay = frozenset(n for n, p in self.named_parameters() if p.ndim < 2)
         self.eval_sums = nn.ModuleDict(
@@ -78,6 +102,23 @@ class LanguageModel(OptimizedModule):
 
     def forward(self, input_ids, position_ids=None, cu_seqlens=None) -> torch.Tensor:
         return self.net(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens)
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.adapter is not None and self.adapter.base is None:
+            strip_base({"state_dict": {}}, self.adapter)  # the error that says why
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """An adapter run's checkpoint holds its adapters and names its base (path and
+        fingerprint, `adapter_base`) instead of holding the frozen base weights again."""
+        if self.adapter is not None:
+            strip_base(checkpoint, self.adapter)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Put an adapter checkpoint's base back into its state dict, once the base is checked
+        to be the one it was trained on (loaded from the recorded path if this model has
+        none), so that the state dict loads whole."""
+        if self.adapter is not None:
+            complete_state_dict(checkpoint, self, self.adapter, self.net)
 
     def configure_model(self) -> None:
         """Shard the decoder layers under FSDP2 (`trainer=model_parallel`); a no-op otherwise."""
@@ -120,7 +161,7 @@ class LanguageModel(OptimizedModule):
         return count_exact_matches(self.net, tokenizer, list(examples))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        _, loss_sum, tokens = self._summed_loss(batch)
+        loss_sum, tokens, _ = self._token_loss(batch)
         if self._step_normaliser is None:
             # Rows, not B*T: every rank's micro-batches hold the same number of rows, while
             # padded rows may differ in length between ranks.
@@ -160,24 +201,20 @@ class LanguageModel(OptimizedModule):
     def on_test_epoch_end(self) -> None:
         self._log_eval("test")
 
-    def _summed_loss(self, batch: dict[str, torch.Tensor]):
-        """(logits, sum of the token losses, number of supervised tokens) of one batch."""
-        logits = self(batch["input_ids"], batch.get("position_ids"), batch.get("cu_seqlens"))
-        labels = batch["labels"]
-        loss_sum = F.cross_entropy(
-            logits.flatten(0, 1).float(),
-            labels.flatten(),
-            ignore_index=IGNORE_INDEX,
-            reduction="sum",
+    def _token_loss(self, batch: dict[str, torch.Tensor]) -> TokenLoss:
+        return self.net(
+            batch["input_ids"],
+            position_ids=batch.get("position_ids"),
+            cu_seqlens=batch.get("cu_seqlens"),
+            labels=batch["labels"],
         )
-        return logits, loss_sum, (labels != IGNORE_INDEX).sum()
 
     def _accumulate_eval(self, stage: str, batch: dict[str, torch.Tensor]) -> None:
-        logits, loss_sum, tokens = self._summed_loss(batch)
+        loss_sum, tokens, correct = self._token_loss(batch)
         sums = self.eval_sums[stage]
         sums["loss"].update(loss_sum)
         sums["tokens"].update(tokens)
-        sums["correct"].update((logits.argmax(-1) == batch["labels"]).sum())
+        sums["correct"].update(correct)
 
     def _log_eval(self, stage: str) -> None:
         """Loss per supervised token over the whole split, its perplexity and next-token

@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 from src.callbacks.peak_flops import cpu_name
 from src.models.qwen import QwenConfig
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+ROOT = Path(__file__).resolve().parents[2]
+CONF_DIR = ROOT / "conf"
 # The language models of `--quick` runs: the same architecture, a few seconds per benchmark.
 QUICK_SIZES = dict(hidden_size=64, intermediate_size=128, head_dim=16, linear_key_head_dim=16,
                    linear_value_head_dim=16)  # fmt: skip

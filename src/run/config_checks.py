@@ -27,6 +27,7 @@ def check_config_types(cfg: DictConfig, path: str = "") -> None:
     if not path:
         check_required_values(cfg)
         check_optimizer_values(cfg)
+        check_adapter_model(cfg)
     for key, node in _items(cfg):
         child_path = f"{path}.{key}" if path else str(key)
         if isinstance(node, DictConfig | ListConfig):
@@ -83,6 +84,21 @@ def check_optimizer_values(cfg: DictConfig) -> None:
         ) from None
     except Exception:  # noqa: BLE001 - anything else is the run's to report
         return
+
+
+def check_adapter_model(cfg: DictConfig) -> None:
+    """Refuse adapters (`adapter=lora`) on a model whose class takes none, before Hydra's
+    "unexpected keyword argument" does."""
+    model = cfg.get("model")
+    if not cfg.get("adapter") or not isinstance(model, DictConfig) or "_target_" not in model:
+        return
+    target = model._target_
+    if "adapter" not in _parameter_hints(hydra.utils.get_object(target)):
+        raise ConfigError(
+            f"adapter=lora trains adapters on a language model, "
+            f"but the model is {target}, which takes none. Choose a Qwen LM (e.g. "
+            f"experiment=lm_sft model.pretrained=<folder> adapter=lora) or drop adapter=lora."
+        )
 
 
 def check_accelerator(cfg: DictConfig) -> None:

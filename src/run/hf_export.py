@@ -3,8 +3,9 @@
 
 Checkpoints carry their tokenizer, and it is written here as the `tokenizer.json` that
 `AutoTokenizer` reads, the byte tokenizer included (as a byte-level BPE without merges, which
-gives each byte its own value as id). A run with adapters would be exported here with the
-adapters merged into its weights, so that what transformers loads is one plain model.
+gives each byte its own value as id). A run with LoRA adapters (`adapter=lora`) is exported
+here with the adapters merged into its weights, so that what transformers loads is one plain
+model; `export_peft` writes its adapters alone, as the folder peft loads onto the base.
 """
 
 from pathlib import Path
@@ -14,6 +15,7 @@ from lightning.pytorch import LightningModule
 from tokenizers import decoders, models, pre_tokenizers
 
 from src.data.tokenizers import END_OF_TEXT, ByteTokenizer, FileTokenizer
+from src.models.adapters import merged_network, save_peft_folder
 from src.models.language_model import LanguageModel
 from src.utils.contracts import Tokenizer
 from src.utils.errors import CheckpointError
@@ -26,10 +28,24 @@ def export_for_transformers(model: LightningModule, tokenizer: Tokenizer, folder
             f"The checkpoint holds a {type(model).__name__}, not a language model, so it has no "
             f"transformers form: use a run of a Qwen model config (e.g. model=qwen3_tiny)."
         )
-    model.net.save_pretrained(folder)
+    net = merged_network(model.net) if model.adapter is not None else model.net
+    net.save_pretrained(folder)
     if isinstance(tokenizer, ByteTokenizer):
         tokenizer = FileTokenizer(byte_level_bpe(), END_OF_TEXT)
     tokenizer.save(folder)
+
+
+def export_peft(model: LightningModule, folder: Path) -> None:
+    """Write the adapters of a LoRA run as adapter_config.json + adapter_model.safetensors,
+    which `peft.PeftModel.from_pretrained` loads onto transformers' model of the base folder
+    (and `adapter.path=<folder>` trains on from)."""
+    if not isinstance(model, LanguageModel) or model.adapter is None:
+        raise CheckpointError(
+            f"format=peft writes LoRA adapters, and this checkpoint ({type(model).__name__}) "
+            f"has none: it is a run without adapter=lora. Export it with format=merged (a "
+            f"transformers folder) or format=safetensors."
+        )
+    save_peft_folder(model.net, model.adapter, folder)
 
 
 def byte_level_bpe() -> tokenizers.Tokenizer:

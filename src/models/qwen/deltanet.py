@@ -151,7 +151,22 @@ class GatedDeltaNet(nn.Module):
         value_dim], b and a [B, T, value_heads]: views of one matmul's output."""
         conv_channels = 2 * self.key_dim + self.value_dim
         widths = (conv_channels, self.value_dim, self.num_value_heads, self.num_value_heads)
-        return F.linear(x, self._stacked_input_weight()).split(widths, dim=-1)
+        if isinstance(self.in_proj_qkvz, nn.Linear) and isinstance(self.in_proj_ba, nn.Linear):
+            return F.linear(x, self._stacked_input_weight()).split(widths, dim=-1)
+        return self._reordered_projections(x)
+
+    def _reordered_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`_project` for wrapped projections (LoRA adapters, src/models/adapters.py), whose
+        output is more than their weight times x: call them, then reorder their outputs as
+        `_stacked_input_weight` reorders the rows."""
+        per_key_head = self.num_value_heads // self.num_key_heads
+        v_width = per_key_head * self.value_head_dim
+        qkvz = self.in_proj_qkvz(x).unflatten(-1, (self.num_key_heads, -1))
+        ba = self.in_proj_ba(x).unflatten(-1, (self.num_key_heads, -1))
+        widths = (self.key_head_dim, self.key_head_dim, v_width, v_width)
+        q, k, v, z = (part.flatten(-2) for part in qkvz.split(widths, dim=-1))
+        b, a = (part.flatten(-2) for part in ba.split((per_key_head, per_key_head), dim=-1))
+        return torch.cat([q, k, v], dim=-1), z, b, a
 
     def _stacked_input_weight(self) -> torch.Tensor:
         """in_proj_qkvz and in_proj_ba as one weight whose rows give [q | k | v | z | b | a], each

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from src.models.qwen.attention import Attention
 from src.models.qwen.boundaries import DocumentBoundaries
@@ -23,14 +24,18 @@ from src.models.qwen.hf_io import (
 )
 from src.models.qwen.kernels import Kernels
 from src.models.qwen.layers import MLP, RMSNorm, ZeroCentredRMSNorm, rotary_tables
+from src.models.qwen.loss import TokenLoss, next_token_loss
 
 
 class DecoderLayer(nn.Module):
     """x + mixer(input_layernorm(x)), then + mlp(post_attention_layernorm(x)).
 
     The mixer is `self_attn` (full attention) or `linear_attn` (Gated DeltaNet), as
-    `config.layer_types` says; the attribute names are the checkpoints'.
+    `config.layer_types` says; the attribute names are the checkpoints'. With `checkpointed`
+    set, a training forward keeps only the layer's input and recomputes the rest in backward.
     """
+
+    checkpointed = False
 
     def __init__(self, config: QwenConfig, index: int, kernels: Kernels | None = None):
         super().__init__()
@@ -45,6 +50,13 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
     def forward(self, x, rotary, boundaries=None, cache=None) -> torch.Tensor:
+        if self.checkpointed and cache is None and torch.is_grad_enabled():
+            # Inside the layer, so that an FSDP unit wraps the checkpoint, as torchtitan and
+            # Lightning's own activation_checkpointing_policy do.
+            return checkpoint(self._block, x, rotary, boundaries, use_reentrant=False)
+        return self._block(x, rotary, boundaries, cache)
+
+    def _block(self, x, rotary, boundaries=None, cache=None) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.is_linear:
             h = self.linear_attn(h, boundaries, cache)
@@ -60,12 +72,21 @@ class QwenLM(nn.Module):
     `self.model.*` and `self.lm_head` carry the same names and shapes as transformers'
     Qwen3ForCausalLM / Qwen3NextForCausalLM (dense MLP), so state dicts map one to one.
     `kernels` chooses the fused kernels every layer may call (`kernels.PYTORCH`: none); by
-    default the installed ones, on GPU inputs.
+    default the installed ones, on GPU inputs. Given labels, `forward` returns the loss instead
+    of the logits, `loss_chunk_size` rows of logits at a time (None: all at once).
+    `activation_checkpointing` recomputes each decoder layer in backward.
     """
 
-    def __init__(self, config: QwenConfig, kernels: Kernels | None = None):
+    def __init__(
+        self,
+        config: QwenConfig,
+        kernels: Kernels | None = None,
+        loss_chunk_size: int | None = 1024,
+        activation_checkpointing: bool = False,
+    ):
         super().__init__()
         self.config = config
+        self.loss_chunk_size = loss_chunk_size
         norm = ZeroCentredRMSNorm if config.is_next else RMSNorm
         self.model = nn.ModuleDict(
             {
@@ -79,6 +100,8 @@ class QwenLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         self.reset_parameters()
+        for layer in self.model.layers:
+            layer.checkpointed = activation_checkpointing
 
     def tie_weights(self) -> None:
         """Share lm_head's weight with the embedding when `tie_word_embeddings` says so."""
@@ -102,13 +125,17 @@ class QwenLM(nn.Module):
         position_ids: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         cache: Cache | None = None,
-    ) -> torch.Tensor:
-        """Logits [B, T, vocab] for input_ids [B, T].
+        labels: torch.Tensor | None = None,
+    ) -> torch.Tensor | TokenLoss:
+        """Logits [B, T, vocab] for input_ids [B, T], or with labels their TokenLoss.
 
         cu_seqlens: document offsets in the flattened B*T tokens (int32, row starts included);
             each document then sees only itself, and its positions restart at 0 unless
             position_ids [B, T] are given.
         cache: per-layer keys/values and recurrent states, updated in place (generation).
+        labels: [B, T] targets, already shifted (labels[t] follows position t), IGNORE_INDEX
+            where nothing is supervised. Computed here, in the forward, so that FSDP has the
+            head's weight gathered.
         """
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be [batch, length], got {list(input_ids.shape)}")
@@ -129,7 +156,10 @@ class QwenLM(nn.Module):
             x = layer(x, rotary, boundaries, None if cache is None else cache.layers[i])
         if cache is not None:
             cache.length += length
-        return self.lm_head(self.model.norm(x))
+        hidden = self.model.norm(x)
+        if labels is None:
+            return self.lm_head(hidden)
+        return next_token_loss(hidden, self.lm_head.weight, labels, self.loss_chunk_size)
 
     @staticmethod
     def _default_positions(input_ids, boundaries, cache) -> torch.Tensor:

@@ -251,7 +251,12 @@ def peak_bytes(device: torch.device) -> int:
     """This process's peak memory so far: CUDA memory allocated, or resident memory on a CPU."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    # VmHWM where there is one: Linux carries the parent's peak at fork time into a child's
+    # ru_maxrss across exec, while VmHWM belongs to this process's own memory.
+    status = Path("/proc/self/status")
+    if status.is_file():
+        return int(status.read_text().split("VmHWM:")[1].split()[0]) * 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # bytes on macOS
 
 
 def peak_memory(implementation: str, folder: str, precision: str, args) -> int:

@@ -62,7 +62,7 @@ class LanguageModel(OptimizedModule):
         scheduler: dict[str, Any] | None = None,
         pretrained: str | None = None,
         kernels: str = "auto",
-        loss_chunk_size: int | None = 1024,
+        loss_chunk_size: int | None = 512,
         activation_checkpointing: bool = False,
         adapter: dict[str, Any] | None = None,
     ):
@@ -75,7 +75,7 @@ class LanguageModel(OptimizedModule):
         if loss_chunk_size is not None and loss_chunk_size < 1:
             raise ConfigError(
                 f"model.loss_chunk_size={loss_chunk_size}: give the rows of logits computed at "
-                f"a time (e.g. 1024), or null for all of them at once"
+                f"a time (e.g. 512), or null for all of them at once"
             )
         qwen_config = QwenConfig.from_dict(dict(config))
         self.save_hyperparameters({"config": qwen_config.to_dict()}, logger=False)

@@ -81,7 +81,7 @@ class QwenLM(nn.Module):
         self,
         config: QwenConfig,
         kernels: Kernels | None = None,
-        loss_chunk_size: int | None = 1024,
+        loss_chunk_size: int | None = 512,
         activation_checkpointing: bool = False,
     ):
         super().__init__()

@@ -24,7 +24,8 @@ QwenLM.flops_per_token against the device's peak per precision: a GPU's dense da
 process: its peak resident memory on a CPU, the most CUDA memory it allocated on a GPU.
 `--finetune` trains QwenLM alone instead, four ways, each in its own process: every weight
 (full fine-tuning) or LoRA r=16 adapters on the frozen base, each with activation checkpointing
-off and on; it reports trainable parameters, peak memory and the median step.
+off and on; it reports trainable parameters, peak memory, the median step and MFU (counting
+full training's FLOPs for every variant: LoRA skips the base's weight gradients).
 """
 
 import argparse
@@ -66,7 +67,7 @@ FINETUNE_VARIANTS = {
 }
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
 FINETUNE_COLUMNS = ("model", "precision", "variant", "trainable params", "peak memory", "step",
-                    "tok/s", "cold start")  # fmt: skip
+                    "tok/s", "MFU", "cold start")  # fmt: skip
 MEMORY_COLUMNS = ("ours peak memory", "transformers peak memory", "memory ratio")
 # --vocab-size, --hidden-size, --layers: the config keys they resize.
 RESIZING = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "layers": "num_hidden_layers"}
@@ -297,14 +298,18 @@ def finetune_here(folder: str, variant: str, precision: str, options: str) -> No
     print(json.dumps({**result, "peak_bytes": peak_bytes(args.device)}))
 
 
-def finetune(kind: str, precision: str, args) -> list[dict[str, str]]:
+def finetune(kind: str, precision: str, args, peaks) -> list[dict[str, str]]:
     """Full fine-tuning against LoRA, each with and without activation checkpointing, every
     variant in its own process (peak memory is per process)."""
     config = resized(model_config(MODELS.get(kind, kind), args.quick), args)
     torch.manual_seed(0)
     rows = []
+    peak = peaks["bf16" if precision == "bf16-mixed" else "fp32"][0]
     with tempfile.TemporaryDirectory() as folder:
-        QwenLM(config).save_pretrained(folder)
+        net = QwenLM(config)
+        flops = net.flops_per_token(args.seq_len)  # full training's, whatever trains
+        net.save_pretrained(folder)
+        del net
         for variant in FINETUNE_VARIANTS:
             call = f"finetune_here({folder!r}, {variant!r}, {precision!r}, {child_options(args)!r})"
             result = in_fresh_process(call)
@@ -314,6 +319,7 @@ def finetune(kind: str, precision: str, args) -> list[dict[str, str]]:
                 "trainable params": f"{result['trainable'] / 1e6:,.2f}M",
                 "peak memory": f"{result['peak_bytes'] / 2**30:.2f} GiB",
                 "step": f"{result['step_s']:.2f} s", "tok/s": f"{tokens / result['step_s']:,.0f}",
+                "MFU": f"{tokens / result['step_s'] * flops / peak:.1%}",
                 "cold start": f"{result['cold_s']:.2f} s",
             })  # fmt: skip
     return rows
@@ -400,7 +406,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
         "bf16": mfu_peak(torch.bfloat16, size, args.device),
     }
     if args.finetune:
-        rows = [row for k in args.models for p in args.precisions for row in finetune(k, p, args)]
+        rows = [
+            r for k in args.models for p in args.precisions for r in finetune(k, p, args, peaks)
+        ]
         table = markdown(rows, FINETUNE_COLUMNS)
     else:
         rows = [compare(k, p, args, peaks) for k in args.models for p in args.precisions]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks only a GPU can run, in one go: under 8 minutes on one H200.
+# The checks only a GPU can run, in one go: sized for 10 minutes on one H200 (not yet timed).
 #
 #   pip install -e ".[dev,gpu]"          # once: flash-linear-attention and causal-conv1d
 #   bash scripts/gpu_check.sh            # writes logs/gpu_check/<time>/summary.md
@@ -9,9 +9,10 @@
 # model against transformers, packed against padded rows and bf16 against fp32 on the device
 # (scripts/gpu_parity.py, which logs the path each layer took); `experiment=lm_text` for
 # STEPS steps under trainer=fsdp and trainer=model_parallel; scripts/bench_lm.py on the 0.6B
-# config. Each step's output goes to its own log; summary.md is one Markdown table ready for
-# docs/BENCHMARKS.md. A failing step is recorded and the others still run; the exit status is 1
-# when any failed.
+# config, at Qwen3's vocabulary (peak memory) and fine-tuning the 0.6B in full or with LoRA,
+# activation checkpointing off and on. Each step's output goes to its own log; summary.md is
+# one Markdown table ready for docs/BENCHMARKS.md. A failing step is recorded and the others
+# still run; the exit status is 1 when any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,11 +72,21 @@ if [[ $DEV == cuda ]]; then
         trainer.strategy.data_parallel_size=1
     step bench_lm $PY scripts/bench_lm.py --device cuda --models qwen3_0_6b hybrid \
         --repeats 3 --output "$OUT_DIR/bench_lm.md"
+    step bench_vocab $PY scripts/bench_lm.py --device cuda --models dense --vocab-size 151936 \
+        --hidden-size 256 --layers 2 --batch-size 2 --seq-len 2048 --memory --repeats 3 \
+        --output "$OUT_DIR/bench_vocab.md"
+    step bench_finetune $PY scripts/bench_lm.py --device cuda --finetune --models qwen3_0_6b \
+        --batch-size 8 --seq-len 2048 --precisions bf16-mixed --repeats 3 \
+        --output "$OUT_DIR/bench_finetune.md"
 else
     skip fsdp "Lightning runs FSDP on CUDA only"
     train model_parallel trainer=model_parallel trainer.accelerator=cpu trainer.precision=32-true \
         model=qwen3_tiny data.max_seq_len=64 data.batch_size=4
     step bench_lm $PY scripts/bench_lm.py --device cpu --quick --output "$OUT_DIR/bench_lm.md"
+    step bench_vocab $PY scripts/bench_lm.py --device cpu --quick --models dense --precisions fp32 \
+        --vocab-size 4096 --memory --output "$OUT_DIR/bench_vocab.md"
+    step bench_finetune $PY scripts/bench_lm.py --device cpu --quick --finetune --models dense \
+        --precisions fp32 --output "$OUT_DIR/bench_finetune.md"
 fi
 
 $PY - "$OUT_DIR" <<'EOF'
@@ -96,7 +107,8 @@ for line in (out / "steps.tsv").read_text().splitlines():
         result = ", ".join(f"{k} {values[k]:.4g}" for k in shown if k in values)
     rows.append(f"| {name} | {status} | {seconds} | {result} |")
 facts = (out / "facts.log").read_text().splitlines()[:12] if (out / "facts.log").is_file() else []
-reports = [p.read_text() for p in (out / "parity.md", out / "bench_lm.md") if p.is_file()]
+names = ("parity.md", "bench_lm.md", "bench_vocab.md", "bench_finetune.md")
+reports = [(out / name).read_text() for name in names if (out / name).is_file()]
 summary = "\n".join(["```", *facts, "```", "", *rows, "", *reports])
 (out / "summary.md").write_text(summary + "\n")
 print(summary)

@@ -41,8 +41,11 @@ def test_the_cpu_dry_run_runs_every_step_but_the_cuda_only_ones(tmp_path):
         "fsdp": "skipped (Lightning runs FSDP on CUDA only)",
         "model_parallel": "ok",
         "bench_lm": "ok",
+        "bench_vocab": "ok",
+        "bench_finetune": "ok",
     }
     summary = (out / "summary.md").read_text()
     assert "| model_parallel | ok |" in summary and "perf/tokens_per_s" in summary
     assert "| model | precision | params |" in summary  # bench_lm's table is included
+    assert "ours peak memory" in summary and "| LoRA r=16 |" in summary  # and the other two
     assert (out / "model_parallel" / "metrics.json").is_file()

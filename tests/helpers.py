@@ -2,6 +2,7 @@
 the network."""
 
 import gzip
+import json
 import os
 import signal
 import socket
@@ -270,3 +271,24 @@ def assert_same_tensors(expected, actual, where=""):
             assert_same_tensors(e, a, f"{where}[{index}]")
     else:
         assert expected == actual, f"{where}: {expected} != {actual}"
+
+
+# -- runs stopped and resumed ------------------------------------------------------------------
+
+
+def final_state(run_dir):
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    metrics = json.loads((run_dir / "metrics.json").read_text())["metrics"]
+    logged = {k: v for k, v in metrics.items() if not k.startswith("perf/")}
+    return checkpoint, logged
+
+
+def killed_run(run: list[str], run_dir, kill_step: int):
+    """`train.py <run>` in a subprocess SIGKILLed at the end of step `kill_step`; its last.ckpt."""
+    killer = [
+        "+callbacks.killer._target_=tests.helpers.KillAtStep",
+        f"+callbacks.killer.step={kill_step}",
+    ]
+    killed = run_train([*run, *killer], run_dir, check=False)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    return run_dir / "checkpoints" / "last.ckpt"

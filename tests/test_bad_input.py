@@ -15,9 +15,11 @@ from safetensors.torch import save_file
 
 from scripts.generate import main as generate_main
 from src.checkpoints import io as checkpoint_io
+from src.run.key_hints import typo_hint
 from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError
 from tests.helpers import (
     FAST,
+    ROOT,
     TINY_LM,
     compose_config,
     run_script,
@@ -204,6 +206,16 @@ CASES = {
         MissingFileError,
         ["does not exist", "ckpt_path=last"],
     ),
+    "model size that is not a number": (
+        lambda tmp_path: [*TINY_LM, "model.config.hidden_size=ten"],
+        ConfigError,
+        ["hidden_size='ten' must be a whole number of at least 1", "model.config.<name>="],
+    ),
+    "negative model size": (
+        lambda tmp_path: [*TINY_LM, "model.config.hidden_size=-8"],
+        ConfigError,
+        ["hidden_size=-8 must be a whole number of at least 1"],
+    ),
     "negative learning rate": (
         negative_learning_rate,
         ConfigError,
@@ -357,3 +369,41 @@ def test_generate_on_a_classifier_checkpoint_says_it_needs_a_language_model(tmp_
     assert message.startswith(f"Error: {checkpoint} is a checkpoint of"), message
     assert "ImageClassifier, not of a language model" in message, message
     assert f"predict.py ckpt_path={checkpoint}" in message, message
+
+
+# -- a mistyped key: Hydra says "append with +", the template names the close key -------------
+
+
+@pytest.mark.parametrize(
+    ("override", "hint"),
+    [
+        ("trainer.max_epoch=3", "did you mean trainer.max_epochs=3?"),
+        ("sed=7", "did you mean seed=7?"),
+        ("data.batchsize=8", "did you mean data.batch_size=8?"),
+    ],
+)
+def test_a_mistyped_key_gets_the_close_key(override, hint):
+    message = typo_hint(ROOT / "conf", "train", ["model=cnn", override])
+    assert message == f"{override.split('=')[0]} is not a key of the config: {hint}"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["trainer.max_epochs=3"], ["trainer.zzzzzz=1"], ["model=nonexistent"], ["+extra=1"]],
+    ids=["valid", "nothing close", "unknown option", "an addition"],
+)
+def test_no_key_hint_where_a_key_is_not_mistyped(overrides):
+    assert typo_hint(ROOT / "conf", "train", overrides) is None
+
+
+@pytest.mark.slow
+def test_train_py_prints_the_close_key_after_hydras_message(tmp_path):
+    result = run_script(
+        "train.py", ["trainer.max_epoch=3", f"hydra.run.dir={tmp_path}"], check=False
+    )
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line == (
+        "trainer.max_epoch is not a key of the config: did you mean trainer.max_epochs=3?"
+    )

@@ -13,7 +13,6 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from scripts.export import export
 from src.checkpoints.restore import restore
 from src.data.tokenizers import ByteTokenizer
 from src.models.adapters import (
@@ -33,11 +32,13 @@ from tests.helpers import (
     TINY_LM,
     assert_same_tensors,
     compose_config,
+    final_state,
+    killed_run,
+    run_script,
     run_train,
     shakespeare_excerpt,
     text_lm_overrides,
 )
-from tests.test_resume import final_state, killed_run
 from train import train
 
 # Both architectures at their tiniest: dense Qwen3, and Qwen3-Next with Gated DeltaNet layers.
@@ -372,12 +373,11 @@ def test_the_scripts_export_a_lora_run_for_peft_and_merged(lora_run, tiny_base, 
     run_dir, _ = lora_run
     last = run_dir / "checkpoints" / "last.ckpt"
     for fmt in ("peft", "merged"):
-        export(compose_config(tmp_path / fmt, [f"ckpt_path={last}", f"format={fmt}"], "export"))
-    assert sorted(p.name for p in (tmp_path / "peft").iterdir()) == [
-        "adapter_config.json",
-        "adapter_model.safetensors",
-        "config.yaml",
-    ]
+        export_run = [f"ckpt_path={last}", f"format={fmt}", f"hydra.run.dir={tmp_path / fmt}"]
+        run_script("scripts/export.py", export_run)
+    written = {p.name for p in (tmp_path / "peft").iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "config.yaml"} <= written
+    assert not any(name.startswith("model") for name in written), "no copy of the base"
     restored = restore(last)
     tokens = torch.randint(0, 320, (2, 24))
     with torch.no_grad():
@@ -568,7 +568,10 @@ def test_qwen3_0_6b_with_lora_trains_two_steps_and_exports_for_peft_on_a_cpu(tmp
     assert last.stat().st_size < base_bytes / 5
     b_matrices = [v for k, v in checkpoint["state_dict"].items() if "lora_B" in k]
     assert len(b_matrices) == 28 * 7 and max(b.abs().max() for b in b_matrices) > 1e-3
-    export(compose_config(tmp_path / "peft", [f"ckpt_path={last}", "format=peft"], "export"))
+    run_script(
+        "scripts/export.py",
+        [f"ckpt_path={last}", "format=peft", f"hydra.run.dir={tmp_path / 'peft'}"],
+    )
 
     restored = restore(last).model.net.float()
     tokens = torch.randint(0, config.vocab_size, (1, 32))

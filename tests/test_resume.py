@@ -1,6 +1,5 @@
 """A run killed at any step and resumed ends exactly where the uninterrupted run ends."""
 
-import json
 import os
 import random
 from types import SimpleNamespace
@@ -15,6 +14,8 @@ from tests.helpers import (
     TINY_LM,
     assert_same_tensors,
     compose_config,
+    final_state,
+    killed_run,
     run_train,
     shakespeare_excerpt,
     text_lm_overrides,
@@ -43,24 +44,6 @@ EVERY_5_STEPS = [
 ]
 STEPS_PER_EPOCH = 20
 STEPS = 2 * STEPS_PER_EPOCH
-
-
-def final_state(run_dir):
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
-    metrics = json.loads((run_dir / "metrics.json").read_text())["metrics"]
-    logged = {k: v for k, v in metrics.items() if not k.startswith("perf/")}
-    return checkpoint, logged
-
-
-def killed_run(run: list[str], run_dir, kill_step: int):
-    """`train.py <run>` in a subprocess SIGKILLed at the end of step `kill_step`; its last.ckpt."""
-    killer = [
-        "+callbacks.killer._target_=tests.helpers.KillAtStep",
-        f"+callbacks.killer.step={kill_step}",
-    ]
-    killed = run_train([*run, *killer], run_dir, check=False)
-    assert killed.returncode == -9, killed.stderr[-2000:]
-    return run_dir / "checkpoints" / "last.ckpt"
 
 
 def signalled_run(run: list[str], run_dir, step: int, name: str):

@@ -14,6 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from src.run.config_checks import check_accelerator, check_required_values
+from src.run.key_hints import typo_hint
 from src.run.launch import register_launch_resolvers
 from src.run.run_lock import pinned_run_dir, run_dir_lock
 from src.utils.errors import exit_on_user_error
@@ -50,7 +51,12 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
         @exit_on_user_error
         def main() -> Any:
             with run_dir_lock(pinned_run_dir(sys.argv[1:])):  # before Hydra writes there
-                return app()
+                try:
+                    return app()
+                except SystemExit as stop:
+                    if stop.code and (hint := typo_hint(root / "conf", config_name, sys.argv[1:])):
+                        print(hint, file=sys.stderr)
+                    raise
 
         return main
 

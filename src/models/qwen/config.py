@@ -7,6 +7,14 @@ from src.utils.errors import ConfigError
 
 MODEL_TYPES = ("qwen3", "qwen3_next")
 LAYER_TYPES = ("full_attention", "linear_attention")
+# Sizes and scales, checked before anything is derived from them.
+POSITIVE_INTEGERS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "linear_num_key_heads", "linear_num_value_heads",
+    "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim",
+    "linear_chunk_size", "max_position_embeddings",
+)  # fmt: skip
+POSITIVE_NUMBERS = ("rope_theta", "partial_rotary_factor", "rms_norm_eps", "initializer_range")
 
 
 @dataclass
@@ -50,6 +58,11 @@ class QwenConfig:
     eos_token_id: int | list[int] | None = None
 
     def __post_init__(self) -> None:
+        if bad := list(self._bad_values()):
+            raise ConfigError(
+                f"Invalid QwenConfig: {'; '.join(bad)}. Set them on the command line as "
+                f"model.config.<name>=<value>."
+            )
         if self.layer_types is None:
             self.layer_types = [self._default_layer_type(i) for i in range(self.num_hidden_layers)]
         self.layer_types = list(self.layer_types)
@@ -86,6 +99,16 @@ class QwenConfig:
             return "linear_attention"
         return "full_attention"
 
+    def _bad_values(self):
+        for name in POSITIVE_INTEGERS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                yield f"{name}={value!r} must be a whole number of at least 1"
+        for name in POSITIVE_NUMBERS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+                yield f"{name}={value!r} must be a number above 0"
+
     def _problems(self):
         if self.model_type not in MODEL_TYPES:
             yield f"model_type={self.model_type!r}; supported: {', '.join(MODEL_TYPES)}"
@@ -109,11 +132,9 @@ class QwenConfig:
                 f"head_dim * partial_rotary_factor = {self.head_dim * self.partial_rotary_factor} "
                 "must be an even number of rotated dimensions"
             )
-        if "linear_attention" in self.layer_types:
-            if self.linear_num_value_heads % self.linear_num_key_heads:
-                yield (
-                    f"linear_num_value_heads={self.linear_num_value_heads} is not a multiple of "
-                    f"linear_num_key_heads={self.linear_num_key_heads}"
-                )
-            if self.linear_conv_kernel_dim < 1 or self.linear_chunk_size < 1:
-                yield "linear_conv_kernel_dim and linear_chunk_size must be positive"
+        linear = "linear_attention" in self.layer_types
+        if linear and self.linear_num_value_heads % self.linear_num_key_heads:
+            yield (
+                f"linear_num_value_heads={self.linear_num_value_heads} is not a multiple of "
+                f"linear_num_key_heads={self.linear_num_key_heads}"
+            )

@@ -37,7 +37,9 @@ class LanguageModel(OptimizedModule):
     its first micro-batch, the same on every device), and just before the optimizer step,
     before gradient clipping, the accumulated gradient is rescaled by normaliser x
     micro-batches x devices / supervised tokens of the whole step. `train/loss` logs that step
-    mean.
+    mean. The network computes the loss itself, `loss_chunk_size` rows of logits at a time
+    (`src/models/qwen/loss.py`); `activation_checkpointing` recomputes each decoder layer in
+    backward.
 
     `optimizer` and `scheduler` are those of `ImageClassifier` (`src/models/optimization.py`);
     the Qwen model configs choose AdamW (`optimizer=adamw_lm`) and a linear warmup then cosine

@@ -38,20 +38,22 @@ def next_token_loss(
         dtype = torch.get_autocast_dtype(device_type)
         hidden, head_weight = hidden.to(dtype), head_weight.to(dtype)
     tokens = (labels != IGNORE_INDEX).sum()
-    if chunk_size is None:
-        logits = F.linear(hidden, head_weight).float()
-        loss_sum = F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
-        correct = None if torch.is_grad_enabled() else (logits.argmax(-1) == labels).sum()
-        return TokenLoss(loss_sum, tokens, correct)
-    if torch.is_grad_enabled():
+    with_gradients = torch.is_grad_enabled()
+    if with_gradients and chunk_size is not None:
         return TokenLoss(_fused_loss_sum(hidden, head_weight, labels, chunk_size), tokens, None)
     loss_sum = hidden.new_zeros((), dtype=torch.float32)
     correct = torch.zeros((), dtype=torch.long, device=hidden.device)
-    for rows, targets in zip(hidden.split(chunk_size), labels.split(chunk_size), strict=True):
+    rows_per_chunk = chunk_size or max(len(hidden), 1)  # None: every row in one chunk
+    for rows, targets in zip(
+        hidden.split(rows_per_chunk), labels.split(rows_per_chunk), strict=True
+    ):
         logits = F.linear(rows, head_weight).float()
-        loss_sum += F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
-        correct += (logits.argmax(-1) == targets).sum()
-    return TokenLoss(loss_sum, tokens, correct)
+        loss_sum = loss_sum + F.cross_entropy(
+            logits, targets, ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        if not with_gradients:
+            correct += (logits.argmax(-1) == targets).sum()
+    return TokenLoss(loss_sum, tokens, None if with_gradients else correct)
 
 
 def _fused_loss_sum(hidden, head_weight, labels, chunk_size: int) -> torch.Tensor:

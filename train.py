@@ -8,12 +8,12 @@ import logging
 import time
 from typing import Any
 
-import hydra
 import lightning as L
 from omegaconf import DictConfig
 
 from src.run.app import hydra_app
 from src.run.config_checks import check_config_types
+from src.run.instantiate import instantiate_config
 from src.run.lm_evaluation import check_lm_eval_request, evaluate_after_training
 from src.run.lr_scaling import apply_lr_scaling
 from src.run.outputs import finish_run
@@ -41,8 +41,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if cfg.get("seed") is not None:
         L.seed_everything(cfg.seed, workers=True)
 
-    datamodule = hydra.utils.instantiate(cfg.data)
-    model = hydra.utils.instantiate(cfg.model)
+    datamodule = instantiate_config(cfg.data)
+    model = instantiate_config(cfg.model)
     trainer = build_trainer(cfg, run_config=(plain_config(cfg), run_overrides()))
 
     if cfg.get("train"):

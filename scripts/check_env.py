@@ -1,8 +1,10 @@
 """Check this machine for the template: `python scripts/check_env.py` (or `make check-env`).
 
 Prints the versions that matter, the GPUs and the CPU (with whether it computes bf16 natively),
-which optional kernels import, and the `trainer=` and `trainer.precision=` to train with here.
-Nothing at module level needs torch, so a broken install still gets a clear message.
+which optional kernels import, and the `trainer=` and `trainer.precision=` to train with here:
+the precision that `trainer.precision=auto` picks on this machine (src/utils/hardware.py).
+Nothing at module level needs torch (or the project, which imports it), so a broken install
+still gets a clear message.
 """
 
 import importlib
@@ -11,7 +13,10 @@ import platform
 import sys
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from src.utils.hardware import PrecisionChoice
 
 PACKAGES = {
     "torchvision": "torchvision",
@@ -24,8 +29,6 @@ OPTIONAL_KERNELS = {
     "causal_conv1d": "causal-conv1d",
     "triton": "triton",
 }
-# x86 flags of native bf16 arithmetic (Cooper Lake / Sapphire Rapids and later, Zen 4).
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
 @dataclass
@@ -33,13 +36,15 @@ class GPU:
     name: str
     memory_gib: float
     capability: tuple[int, int]
+    bf16: bool  # has bf16 units
 
 
 @dataclass
 class CPU:
     model: str
     cores: int
-    fast_bf16: bool | None  # None: unknown on this platform
+    flags: frozenset[str] | None  # None: unknown on this platform
+    bf16_units: str | None  # e.g. "AMX"; None without (or unknown)
 
 
 def package_versions() -> dict[str, str | None]:
@@ -60,28 +65,25 @@ def cuda_gpus() -> list[GPU]:
     """The CUDA devices torch can use (empty without CUDA)."""
     import torch
 
+    from src.utils.hardware import gpu_computes_bf16
+
     if not torch.cuda.is_available():
         return []
     gpus = []
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
-        gpus.append(GPU(props.name, props.total_memory / 2**30, (props.major, props.minor)))
+        memory_gib, capability = props.total_memory / 2**30, (props.major, props.minor)
+        gpus.append(GPU(props.name, memory_gib, capability, gpu_computes_bf16(index)))
     return gpus
 
 
-def cpu_info(cpuinfo: Path = Path("/proc/cpuinfo")) -> CPU:
-    """The CPU's model and core count, and whether its flags include native bf16 arithmetic."""
-    model = platform.processor() or platform.machine()
-    flags = None
-    if platform.system() == "Linux" and cpuinfo.is_file():
-        for line in cpuinfo.read_text(errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags" and flags is None:
-                flags = set(value.split())
-    fast_bf16 = None if flags is None else any(flag in flags for flag in BF16_FLAGS)
-    return CPU(model, os.cpu_count() or 1, fast_bf16)
+def cpu_info() -> CPU:
+    """The CPU's model, core count, feature flags and native bf16 units."""
+    from src.utils.hardware import cpu_bf16_units, cpuinfo_field, read_cpu_flags
+
+    model = cpuinfo_field("model name") or platform.processor() or platform.machine()
+    flags = read_cpu_flags()
+    return CPU(model, os.cpu_count() or 1, flags, cpu_bf16_units(flags or ()))
 
 
 def optional_kernels() -> dict[str, str | None]:
@@ -103,13 +105,14 @@ def _reason(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0][:100] if lines else ''}"
 
 
-def recommendation(gpus: list[GPU], cpu: CPU) -> tuple[str, str]:
-    """The `trainer=` config and `trainer.precision` that suit this machine."""
-    if gpus:
-        trainer = "ddp" if len(gpus) > 1 else "gpu"
-        all_bf16 = all(gpu.capability >= (8, 0) for gpu in gpus)  # Ampere and later
-        return trainer, "bf16-mixed" if all_bf16 else "16-mixed"
-    return "cpu", "bf16-mixed" if cpu.fast_bf16 else "32-true"
+def recommendation(gpus: list[GPU], cpu: CPU) -> tuple[str, "PrecisionChoice"]:
+    """The `trainer=` config that suits this machine, and the precision (with the reason) that
+    `trainer.precision=auto` picks for it."""
+    from src.utils.hardware import native_precision
+
+    trainer = ("ddp" if len(gpus) > 1 else "gpu") if gpus else "cpu"
+    device = "cuda" if gpus else "cpu"
+    return trainer, native_precision(device, [gpu.bf16 for gpu in gpus], cpu.flags)
 
 
 def print_report(
@@ -126,14 +129,15 @@ def print_report(
     for index, gpu in enumerate(gpus):
         major, minor = gpu.capability
         print(f"  cuda:{index} {gpu.name}, {gpu.memory_gib:.1f} GiB, compute {major}.{minor}")
-    bf16 = {True: "yes", False: "no", None: "unknown"}[cpu.fast_bf16]
+    bf16 = "unknown" if cpu.flags is None else "yes" if cpu.bf16_units else "no"
     print(f"CPU: {cpu.model}, {cpu.cores} cores, native bf16 (AVX-512 BF16 / AMX): {bf16}")
     print("Optional kernels")
     for module, problem in kernels.items():
         state = "importable" if problem is None else f"{problem} (pip: {OPTIONAL_KERNELS[module]})"
         print(f"  {module:<14} {state}")
     trainer, precision = recommendation(gpus, cpu)
-    print(f"Verdict: python train.py trainer={trainer} trainer.precision={precision}")
+    print(f"Precision: {precision.precision} ({precision.reason}): what auto picks here")
+    print(f"Verdict: python train.py trainer={trainer} trainer.precision={precision.precision}")
 
 
 def main() -> int:

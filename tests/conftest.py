@@ -1,11 +1,49 @@
+import os
+import shutil
+import subprocess
+import tempfile
+
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
 from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
-from tests.helpers import write_image_folder, write_mnist
+from tests.helpers import ROOT, write_image_folder, write_mnist
 
 # Before anything imports transformers' Qwen3-Next (the reference of the parity tests).
 use_pytorch_kernels_in_transformers()
+
+
+def pytest_configure(config):
+    """Runs, downloads and caches of the tests (and of the processes they start) go to a
+    temporary folder, never into the working tree's logs/ and data/."""
+    config.outside_tree = tempfile.mkdtemp(prefix="tests-outputs-")
+    os.environ["PROJECT_LOG_DIR"] = os.path.join(config.outside_tree, "logs")
+    os.environ["PROJECT_DATA_DIR"] = os.path.join(config.outside_tree, "data")
+    config.tree_before = working_tree_status()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session when the tests left anything new in the working tree."""
+    config = session.config
+    if not hasattr(config, "tree_before"):
+        return
+    shutil.rmtree(config.outside_tree, ignore_errors=True)
+    left = sorted(working_tree_status() - config.tree_before)
+    if left:
+        print(f"\nThe tests wrote into the working tree: {', '.join(left)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def working_tree_status() -> set[str]:
+    """`git status` of the working tree, ignored files included, caches and venv excepted."""
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout.splitlines()
+    cache = ("__pycache__", ".pytest_cache", ".ruff_cache", ".venv/", ".egg-info")
+    return {line for line in status if not any(part in line for part in cache)}
 
 
 @pytest.fixture(autouse=True)

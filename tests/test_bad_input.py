@@ -4,8 +4,10 @@ Each row builds its own broken input, runs the template the way a user would (in
 through `train()`), and checks the error type and the words that tell the user what to fix.
 """
 
+import contextlib
 import errno
 import re
+import subprocess
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from safetensors.torch import save_file
 
 from scripts.generate import main as generate_main
 from src.checkpoints import io as checkpoint_io
+from src.run.hydra_callbacks import check_writable
 from src.run.key_hints import typo_hint
 from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError
 from tests.helpers import (
@@ -80,8 +83,9 @@ def tensors_without_their_path(tmp_path):
     return ["data=tensors"]
 
 
-def image_folder_without_num_classes(tmp_path):
-    return ["data=imagefolder", f"data.data_dir={tmp_path}"]
+def image_folder_without_class_folders_or_num_classes(tmp_path):
+    (tmp_path / "images").mkdir()
+    return ["data=imagefolder", f"data.data_dir={tmp_path / 'images'}"]
 
 
 def image_folder_without_classes(tmp_path):
@@ -170,10 +174,15 @@ CASES = {
         ConfigError,
         ["not set: data.input_shape, data.num_classes, data.path", "data.path=..."],
     ),
-    "data=imagefolder without num_classes": (
-        image_folder_without_num_classes,
+    "data=imagefolder without its folder": (
+        lambda tmp_path: ["data=imagefolder"],
         ConfigError,
-        ["not set: data.num_classes.", "data.num_classes=..."],
+        ["not set: data.data_dir.", "data.data_dir=..."],
+    ),
+    "data=imagefolder counting the classes of a folder without any": (
+        image_folder_without_class_folders_or_num_classes,
+        MissingFileError,
+        ["class folder", "one sub-folder per class"],
     ),
     "image folder with no classes": (
         image_folder_without_classes,
@@ -207,12 +216,12 @@ CASES = {
         ["does not exist", "ckpt_path=last"],
     ),
     "model size that is not a number": (
-        lambda tmp_path: [*TINY_LM, "model.config.hidden_size=ten"],
+        lambda tmp_path: [*TINY_LM, "data=shakespeare_bytes", "model.config.hidden_size=ten"],
         ConfigError,
         ["hidden_size='ten' must be a whole number of at least 1", "model.config.<name>="],
     ),
     "negative model size": (
-        lambda tmp_path: [*TINY_LM, "model.config.hidden_size=-8"],
+        lambda tmp_path: [*TINY_LM, "data=shakespeare_bytes", "model.config.hidden_size=-8"],
         ConfigError,
         ["hidden_size=-8 must be a whole number of at least 1"],
     ),
@@ -230,6 +239,39 @@ CASES = {
         jsonl_line_that_does_not_parse,
         DataError,
         ["chats.jsonl, line 2", "not valid JSON"],
+    ),
+    "a value the network refuses": (
+        lambda tmp_path: ["model=cnn", "model.net.dropout=2"],
+        ConfigError,
+        ["model.net: CNN refuses this config", "between 0 and 1, but got 2", "model.net.<name>="],
+    ),
+    "a value the trainer refuses": (
+        lambda tmp_path: ["trainer.max_epochs=-5"],
+        ConfigError,
+        ["trainer: ", "refuses this config", "You passed in -5"],
+    ),
+    "language model on image data": (
+        lambda tmp_path: TINY_LM,
+        ConfigError,
+        [
+            "model=qwen3_tiny trains on token sequences, but data=digits yields labelled images",
+            "data=shakespeare_bytes",
+            "model=cnn",
+        ],
+    ),
+    "classifier on text": (
+        lambda tmp_path: ["data=text", "model=cnn"],
+        ConfigError,
+        [
+            "model=cnn trains on labelled images, but data=text yields token sequences",
+            "data=digits",
+            "model=qwen3_tiny",
+        ],
+    ),
+    "the LM experiment with a classifier": (
+        lambda tmp_path: ["experiment=lm_shakespeare", "model=cnn"],
+        ConfigError,
+        ["model=cnn trains on labelled images, but data=shakespeare_bytes yields token"],
     ),
     "sample longer than the context under raise": (
         sample_longer_than_the_context,
@@ -302,6 +344,60 @@ def test_a_disk_that_fills_during_training_says_so_in_one_line_keeping_the_last_
     assert not (tmp_path / "metrics.json").exists()  # a failed run reports no results
 
 
+@pytest.fixture
+def full_disk(tmp_path):
+    """A folder on a small filesystem (tmpfs) filled to the last byte; skipped where this
+    machine does not let the tests mount one (it needs root)."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    if (
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True
+        ).returncode
+        != 0
+    ):
+        pytest.skip("cannot mount a small filesystem here (needs root)")
+    try:
+        with open(mount / "filler", "wb", buffering=0) as filler, contextlib.suppress(OSError):
+            while True:
+                filler.write(b"\0" * 4096)
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_full_disk_at_the_start_of_a_run_is_named_in_one_line(full_disk):
+    with pytest.raises(SystemExit) as exit_:
+        check_writable(full_disk / "run", "hydra.run.dir")
+    message = str(exit_.value)
+    assert message.startswith(f"Error: no space left on the device holding {full_disk / 'run'}")
+    assert "kB free" in message and "hydra.run.dir=..." in message, message
+
+
+@pytest.mark.slow
+def test_train_py_into_a_full_disk_stops_in_one_line_before_hydra_writes(full_disk):
+    result = run_script("train.py", [f"hydra.run.dir={full_disk / 'run'}"], check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("Error: no space left on the device holding"), last_line
+
+
+@pytest.mark.slow
+def test_eval_py_refuses_another_model_for_a_checkpoint_in_one_line(tmp_path):
+    train(compose_config(tmp_path / "run", [*FAST, "trainer.limit_train_batches=2", "test=false"]))
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    args = [f"ckpt_path={checkpoint}", "model=cnn", f"hydra.run.dir={tmp_path / 'eval'}"]
+    result = run_script("eval.py", args, check=False)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("Error: model=cnn: a checkpoint's weights only fit the model"), (
+        last_line
+    )
+    assert "data.batch_size=8" in last_line, last_line
+
+
 # Where the Hydra entry points of the tests below write (inside the test's tmp_path).
 RUN_DIR = "hydra.run.dir={run_dir}"
 
@@ -357,6 +453,8 @@ def test_an_entry_point_names_what_to_set_in_one_line(tmp_path, script, args, wo
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]
     assert last_line.startswith("Error: ") and words in last_line, last_line
+    log = (tmp_path / f"{script.removesuffix('.py')}.log").read_text()
+    assert "Traceback" in log and words in log, f"the log lacks the traceback: {log[-2000:]}"
 
 
 def test_generate_on_a_classifier_checkpoint_says_it_needs_a_language_model(tmp_path):

@@ -1,5 +1,6 @@
 """scripts/check_env.py as users run it: what it reports about this machine (compared with what
-this test finds for itself), its verdict, and a Python without torch."""
+this test finds for itself), its verdict (the precision `trainer.precision=auto` picks here), and
+a Python without torch."""
 
 import os
 import platform
@@ -7,15 +8,14 @@ import re
 import subprocess
 import sys
 from importlib.metadata import version
-from pathlib import Path
 
 import pytest
 import torch
 
+from src.utils.hardware import cpuinfo_field, machine_precision
 from tests.helpers import run_script
 
 SCRIPT = "scripts/check_env.py"
-CPUINFO = Path("/proc/cpuinfo")
 
 
 @pytest.fixture(scope="module")
@@ -33,17 +33,6 @@ def section(report: list[str], title: str) -> dict[str, str]:
         name, value = line.split(maxsplit=1)
         entries[name] = value
     return entries
-
-
-def cpuinfo_field(name: str) -> str | None:
-    """The first `name` field of /proc/cpuinfo (None off Linux or when absent)."""
-    if platform.system() != "Linux" or not CPUINFO.is_file():
-        return None
-    for line in CPUINFO.read_text(errors="replace").splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == name:
-            return value.strip()
-    return None
 
 
 def native_cpu_bf16() -> bool | None:
@@ -108,6 +97,13 @@ def test_the_verdict_follows_the_gpus_then_the_cpus_bf16_support(report):
     else:
         trainer, precision = "cpu", "bf16-mixed" if native_cpu_bf16() else "32-true"
     assert report[-1] == f"Verdict: python train.py trainer={trainer} trainer.precision={precision}"
+
+
+def test_the_advised_precision_is_what_trainer_precision_auto_picks_here(report):
+    # The verdict's trainer: gpu or ddp on a CUDA machine, else cpu.
+    choice = machine_precision("gpu" if torch.cuda.is_available() else "cpu")
+    assert report[-2] == f"Precision: {choice.precision} ({choice.reason}): what auto picks here"
+    assert report[-1].endswith(f" trainer.precision={choice.precision}")
 
 
 def test_a_python_without_torch_gets_a_clear_message_and_a_non_zero_exit():

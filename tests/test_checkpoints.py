@@ -1,4 +1,5 @@
-"""Checkpoints are written atomically and never run code when loaded."""
+"""Checkpoints are written atomically, never run code when loaded, and `last.ckpt` is a
+second name of the newest periodic checkpoint, not a second copy."""
 
 import errno
 import signal
@@ -7,17 +8,22 @@ import sys
 import textwrap
 import time
 
+import hydra
 import pytest
 import torch
+from lightning.pytorch import Callback
 from PIL import Image
 
 from src.checkpoints import io as checkpoint_io
 from src.checkpoints.io import save_atomically
 from src.checkpoints.restore import restore
+from src.run.resume import checked_ckpt_path
+from src.run.trainer import build_trainer, plain_config
+from src.utils import files
 from src.utils.errors import CheckpointError
-from src.utils.files import write_atomically
+from src.utils.files import link_atomically, write_atomically
 from src.utils.weights import load_checkpoint
-from tests.helpers import FAST, ROOT, run_script, run_train
+from tests.helpers import FAST, ROOT, compose_config, run_script, run_train
 
 
 class Payload:
@@ -178,3 +184,106 @@ def test_a_save_removes_temporary_files_of_dead_processes_but_not_of_live_ones(t
     finally:
         live.kill()
         live.wait()
+
+
+# -- last.ckpt: a link to the newest periodic checkpoint ----------------------------------------
+
+STEPS_PER_EPOCH = 20  # digits: 1,280 training images in batches of 64
+
+
+class RecordStartStep(Callback):
+    """Remembers the step training started from: a resumed run starts past 0."""
+
+    def on_train_start(self, trainer, pl_module):
+        self.step = trainer.global_step
+
+
+def fit_digits(run_dir, overrides=(), ckpt_path=None):
+    """A digits run fitted in this process; its trainer and the step it started from."""
+    cfg = compose_config(run_dir, [*FAST, "logger=csv", "test=false", *overrides])
+    trainer = build_trainer(cfg, run_config=(plain_config(cfg), []))
+    start = RecordStartStep()
+    trainer.callbacks.append(start)
+    model, datamodule = hydra.utils.instantiate(cfg.model), hydra.utils.instantiate(cfg.data)
+    trainer.fit(
+        model, datamodule=datamodule, ckpt_path=checked_ckpt_path(ckpt_path, trainer, model)
+    )
+    return trainer, start.step
+
+
+def step_files(folder):
+    return sorted(path.name for path in folder.glob("step_*.ckpt"))
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory):
+    """The checkpoint folder of a digits run of two epochs, one periodic checkpoint kept."""
+    run_dir = tmp_path_factory.mktemp("run")
+    fit_digits(run_dir, ["trainer.max_epochs=2"])
+    return run_dir
+
+
+def test_last_checkpoint_is_the_newest_step_file_under_a_second_name(two_epochs):
+    folder = two_epochs / "checkpoints"
+    newest = folder / f"step_{2 * STEPS_PER_EPOCH:08d}.ckpt"
+    # The first epoch's step file was rotated out (save_top_k=1) after last.ckpt linked to it.
+    assert step_files(folder) == [newest.name], step_files(folder)
+    last = folder / "last.ckpt"
+    assert last.samefile(newest), "last.ckpt is a separate copy of the newest step file"
+    assert last.stat().st_nlink == 2
+    loaded, expected = load_checkpoint(last), load_checkpoint(newest)
+    assert loaded["global_step"] == 2 * STEPS_PER_EPOCH
+    for name, tensor in expected["state_dict"].items():
+        assert torch.equal(loaded["state_dict"][name], tensor), name
+
+
+def test_ckpt_path_last_resumes_from_the_linked_last_checkpoint(two_epochs, tmp_path):
+    trainer, start = fit_digits(two_epochs, ["trainer.max_epochs=3"], ckpt_path="last")
+    assert start == 2 * STEPS_PER_EPOCH, f"resumed at step {start}"
+    folder = two_epochs / "checkpoints"
+    newest = folder / f"step_{3 * STEPS_PER_EPOCH:08d}.ckpt"
+    assert step_files(folder) == [newest.name]
+    assert (folder / "last.ckpt").samefile(newest)
+
+
+def test_a_preemption_save_replaces_last_checkpoint_and_leaves_its_step_file(tmp_path):
+    preempted_at = STEPS_PER_EPOCH + 5
+    signaller = [
+        "+callbacks.signal._target_=tests.helpers.SignalAtStep",
+        f"+callbacks.signal.step={preempted_at}",
+        "+callbacks.signal.name=SIGTERM",
+    ]
+    fit_digits(tmp_path, ["trainer.max_epochs=2", *signaller])
+    folder = tmp_path / "checkpoints"
+    step_file = folder / f"step_{STEPS_PER_EPOCH:08d}.ckpt"
+    assert step_files(folder) == [step_file.name]
+    assert not (folder / "last.ckpt").samefile(step_file)
+    # Saved after the step the signal arrived in, or the next (callback order decides).
+    saved_at = load_checkpoint(folder / "last.ckpt")["global_step"]
+    assert preempted_at <= saved_at <= preempted_at + 1, f"last.ckpt at step {saved_at}"
+    assert load_checkpoint(step_file)["global_step"] == STEPS_PER_EPOCH, "save went into it"
+
+
+def test_relinking_last_checkpoint_never_writes_into_the_file_it_named(tmp_path):
+    old, new, last = tmp_path / "step_1.ckpt", tmp_path / "step_2.ckpt", tmp_path / "last.ckpt"
+    old.write_bytes(b"old state")
+    new.write_bytes(b"new state")
+    link_atomically(old, last)
+    link_atomically(new, last)
+    assert last.samefile(new) and old.read_bytes() == b"old state"
+    old.unlink()  # rotated out: last.ckpt never named it anyway, and a link never dangles
+    save_atomically({"step": 3}, last)
+    assert new.read_bytes() == b"new state", "an atomic save to last.ckpt wrote into step_2"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["last.ckpt", "step_2.ckpt"]
+
+
+def test_without_hard_links_last_checkpoint_is_a_copy(tmp_path, monkeypatch):
+    def refuse(source, destination):
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(files.os, "link", refuse)
+    step, last = tmp_path / "step_1.ckpt", tmp_path / "last.ckpt"
+    step.write_bytes(b"state")
+    link_atomically(step, last)
+    assert last.read_bytes() == b"state" and not last.samefile(step)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["last.ckpt", "step_1.ckpt"]

@@ -5,6 +5,7 @@ import re
 
 import pytest
 
+from src.run.launch import register_launch_resolvers
 from tests.helpers import FAST, ROOT, run_script, run_train
 
 
@@ -71,10 +72,22 @@ def test_eval_with_a_missing_checkpoint_says_what_to_pass(tmp_path):
     assert "is not a file" in result.stderr and "checkpoints/last.ckpt" in result.stderr
 
 
-def test_runs_default_to_timestamped_dirs_under_logs_train_runs():
+def test_runs_default_to_timestamped_dirs_under_logs_train_runs(monkeypatch):
     from hydra import compose, initialize_config_dir
 
+    monkeypatch.delenv("PROJECT_LOG_DIR", raising=False)  # as outside the tests
+    register_launch_resolvers()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose(config_name="train", return_hydra_config=True)
     pattern = rf"{re.escape(str(ROOT))}/logs/train/runs/\d{{4}}-\d\d-\d\d_\d\d-\d\d-\d\d_\d{{6}}"
     assert re.fullmatch(pattern, cfg.hydra.run.dir), cfg.hydra.run.dir
+
+
+def test_project_log_dir_moves_every_run_dir(monkeypatch, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    monkeypatch.setenv("PROJECT_LOG_DIR", str(tmp_path / "scratch"))
+    register_launch_resolvers()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", return_hydra_config=True)
+    assert cfg.hydra.run.dir.startswith(f"{tmp_path / 'scratch'}/train/runs/"), cfg.hydra.run.dir

@@ -13,10 +13,22 @@ from src.run.instantiate import instantiate_group
 from tests.helpers import FAST, ROOT, compose_config
 from train import train
 
+IMAGES_32 = [
+    "data=imagefolder",
+    "data.data_dir=/data/images",
+    "data.num_classes=5",
+    "data.input_shape=[3,32,32]",
+]
 REQUIRED = {  # options whose data has no embedded default
     "data=imagefolder": ["data.data_dir=/data/images", "data.num_classes=5"],
+    # The backbones take RGB images (32x32 keeps them quick to build).
+    "model=resnet18": IMAGES_32,
+    "model=vit_b_16": IMAGES_32,
     "data=tensors": ["data.path=arrays.npz", "data.num_classes=3", "data.input_shape=[1,8,8]"],
-    # Text data needs a language model.
+    # A language model needs text data (and text data a language model).
+    "model=qwen3_tiny": ["data=shakespeare_bytes"],
+    "model=qwen3_next_tiny": ["data=shakespeare_bytes"],
+    "model=qwen3_0_6b": ["data=shakespeare_bytes"],
     "data=shakespeare_bytes": ["model=qwen3_tiny"],
     "data=text": ["model=qwen3_tiny"],
     "data=sft": ["model=qwen3_tiny"],

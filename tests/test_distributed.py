@@ -319,7 +319,7 @@ def test_the_fsdp_config_shards_each_decoder_layer_and_recomputes_through_the_mo
     )
     check_config_types(cfg)
     strategy = hydra.utils.instantiate(cfg.trainer.strategy)
-    assert isinstance(strategy, FSDPStrategy) and cfg.trainer.precision == "bf16-mixed"
+    assert isinstance(strategy, FSDPStrategy) and cfg.trainer.precision == "auto"
     assert strategy.sharding_strategy == ShardingStrategy.FULL_SHARD
     assert strategy._state_dict_type == "full"  # one weights-only loadable file
     assert strategy._activation_checkpointing_kwargs == {}  # one switch: the model's

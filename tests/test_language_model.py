@@ -57,6 +57,7 @@ def trained_hybrid(tmp_path_factory):
         "model=qwen3_next_tiny",
         "model.config.linear_key_head_dim=16",
         "model.config.linear_value_head_dim=16",
+        "trainer.precision=bf16-mixed",  # whatever this CPU computes natively
     ]
     return run_dir, train(compose_config(run_dir, overrides))
 

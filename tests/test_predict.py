@@ -1,6 +1,7 @@
 """predict.py: a checkpoint's top classes for image files, prepared as its test images were."""
 
 import csv
+import logging
 import subprocess
 from pathlib import Path
 
@@ -135,6 +136,33 @@ def test_bad_paths_raise_clear_errors(
         predict_with(
             tmp_path / "run", f"ckpt_path={digits_ckpt.parent / ckpt}", f"input={folder / image}"
         )
+
+
+def test_a_folder_with_a_corrupt_file_predicts_the_others_and_reports_one_skipped(
+    tmp_path, digits_ckpt, digit_pngs, caplog
+):
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    for name in ("00.png", "02.png"):
+        (folder / name).write_bytes((digit_pngs[0] / name).read_bytes())
+    (folder / "corrupt.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    with caplog.at_level(logging.WARNING, logger="predict"):
+        predictions = predict_with(tmp_path / "run", f"ckpt_path={digits_ckpt}", f"input={folder}")
+    assert [path.name for path, _ in predictions] == ["00.png", "02.png"]
+    warnings = [record.getMessage() for record in caplog.records if record.name == "predict"]
+    assert len(warnings) == 1, warnings
+    assert "Skipped 1 of 3 image files" in warnings[0] and "corrupt.png" in warnings[0], warnings
+
+
+def test_a_folder_where_no_image_is_readable_fails_with_one_clear_error(tmp_path, digits_ckpt):
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    for index in range(5):
+        (folder / f"{index}.png").write_bytes(b"not a png")
+    with pytest.raises(
+        DataError, match=r"None of the 5 image files .*\(0.png, 1.png, 2.png and 2 more\)"
+    ):
+        predict_with(tmp_path / "run", f"ckpt_path={digits_ckpt}", f"input={folder}")
 
 
 def test_a_checkpoint_without_its_run_config_is_refused_with_what_to_use(tmp_path, digit_pngs):

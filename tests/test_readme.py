@@ -203,7 +203,9 @@ def copy_repository(dest: Path) -> Path:
 
 def run_in_copy(commands: list[Command], tmp_path: Path) -> None:
     root = copy_repository(tmp_path / "repo")
-    env = {k: v for k, v in os.environ.items() if k != "PROJECT_ROOT"}  # the copy is the root
+    # The copy is the root, and its logs/ and data/ are where a fresh clone has them.
+    moved = ("PROJECT_ROOT", "PROJECT_LOG_DIR", "PROJECT_DATA_DIR")
+    env = {k: v for k, v in os.environ.items() if k not in moved}
     for command in commands:
         argv = [resolve(arg, root) for arg in adapt(command.argv)]
         start = time.perf_counter()

@@ -265,3 +265,56 @@ def test_ckpt_path_last_in_a_pinned_run_dir_without_a_checkpoint_starts_fresh(tm
     record = train(compose_config(tmp_path, run))
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
     assert "train/loss" in record["metrics"]
+
+
+# Every shipped model at its tiniest, with the default checkpoints: last.ckpt at the end of
+# each epoch (the CNN has its own tests above). Deterministic, without a test stage.
+INTERRUPTIONS = ["clean stop", "SIGTERM", "kill -9", "kill -9, every 3 steps"]
+
+
+@pytest.fixture(scope="module")
+def shipped_runs(tmp_path_factory):
+    corpus = shakespeare_excerpt(tmp_path_factory.mktemp("corpus"), 4000)
+    lm = [
+        *text_lm_overrides(corpus),
+        "data.max_seq_len=64",
+        "data.batch_size=2",
+        f"data.cache_dir={corpus.parent / 'cache'}",
+    ]
+    common = [*FAST, "trainer.max_epochs=2", "trainer.deterministic=true", "test=false"]
+    return {
+        "simplenet": [*common, "model=simplenet"],
+        **{model: [*common, *lm, *overrides] for model, overrides in TINY_LMS.items()},
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("interruption", INTERRUPTIONS)
+@pytest.mark.parametrize("model", ["simplenet", *TINY_LMS])
+def test_every_shipped_model_resumes_exactly_from_its_default_checkpoints(
+    tmp_path, shipped_runs, uninterrupted, model, interruption
+):
+    run = shipped_runs[model]
+    if interruption == "clean stop" and model != "simplenet":
+        run = [*run, "scheduler=none"]  # a schedule over the run's steps changes with max_epochs
+    if interruption == "kill -9, every 3 steps":
+        run = [
+            *run,
+            "callbacks.last_checkpoint.every_n_train_steps=3",
+            "callbacks.last_checkpoint.every_n_epochs=null",
+        ]
+    expected = uninterrupted(run)
+    steps_per_epoch = expected[0]["global_step"] // 2
+    if interruption == "clean stop":
+        train(compose_config(tmp_path, [*run, "trainer.max_epochs=1"]))
+        last, saved_step = "last", steps_per_epoch
+    elif interruption == "SIGTERM":
+        last = signalled_run(run, tmp_path, step=steps_per_epoch + 2, name="SIGTERM")
+        saved_step = steps_per_epoch + 3  # after the step in progress
+    else:
+        kill_step = steps_per_epoch + 5
+        last = killed_run(run, tmp_path, kill_step)
+        saved_step = steps_per_epoch if interruption == "kill -9" else (kill_step - 1) // 3 * 3
+    if last != "last":
+        assert torch.load(last, weights_only=True)["global_step"] == saved_step
+    assert_resumes_exactly(run, tmp_path, last, expected)

@@ -6,6 +6,7 @@ import logging
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
 from src.utils.errors import ConfigError
@@ -18,7 +19,9 @@ class FreezeLayers(BaseFinetuning):
 
     Patterns are shell-style (`conv*`, `layers.1?`) and match module names with or without
     the LightningModule's `net.` prefix: `train_only: [fc2]` trains only the last layer of
-    SimpleNet/CNN; `train_last_n: 2` trains only the last two blocks of `layers` (the module
+    SimpleNet/CNN, `[fc]` the head of model=resnet18, `[heads.head]` that of model=vit_b_16
+    (with `train_bn: false` batch norms freeze too, running statistics included);
+    `train_last_n: 2` trains only the last two blocks of `layers` (the module
     list of decoder layers, found by name when None: `net.model.layers` in the Qwen LM), plus
     whatever `train_only` names (e.g. `model.norm`, `lm_head`; with tied embeddings the head
     is `model.embed_tokens`). Frozen parameters never
@@ -58,7 +61,11 @@ class FreezeLayers(BaseFinetuning):
                 "[layers.3.self_attn.q_proj] for one layer)."
             )
         self.frozen = self._modules_to_freeze(pl_module)
-        self.freeze(self.frozen, train_bn=self.train_bn)
+        # Each module's own parameters only: BaseFinetuning.freeze would also freeze every
+        # child of a chosen parent (vit's `net` owns `class_token` and holds the new head).
+        for module in self.frozen:
+            if not (self.train_bn and isinstance(module, _BatchNorm)):
+                self.freeze_module(module)
         frozen = sum(p.numel() for p in pl_module.parameters() if not p.requires_grad)
         total = sum(p.numel() for p in pl_module.parameters())
         log.info(

@@ -66,6 +66,8 @@ class Preemption(Callback):
         if self.received is None or self.saved:
             return
         name = signal.Signals(self.received).name
+        # Saved atomically: a new file renamed over `last.ckpt`, so the periodic checkpoint that
+        # `last.ckpt` was a hard link to keeps the state of its own step.
         trainer.save_checkpoint(self.path)
         self.saved = True
         log.warning(

@@ -1,14 +1,19 @@
-"""Periodic checkpoints that resume exactly wherever the step interval falls."""
+"""Periodic checkpoints that resume exactly wherever the step interval falls, with `last.ckpt`
+a second name of the newest one rather than a second copy."""
 
+import os
 from typing import Any
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from src.utils.files import link_atomically
+
 
 class ResumableCheckpoint(ModelCheckpoint):
     """Lightning's ModelCheckpoint, except that a save due after an epoch's last batch
-    (`every_n_train_steps`) is written at the end of that epoch instead, after its validation.
+    (`every_n_train_steps`) is written at the end of that epoch instead, after its validation,
+    and that `save_last="link"` makes `last.ckpt` a hard link (see `link_atomically`).
 
     Resumed from a checkpoint written after the last batch, Lightning starts the next epoch
     without running the end of the finished one: no validation, no `on_train_epoch_end`, so the
@@ -41,3 +46,11 @@ class ResumableCheckpoint(ModelCheckpoint):
     def _step_save_due(self, trainer: Trainer) -> bool:
         every = self._every_n_train_steps
         return every >= 1 and trainer.global_step % every == 0
+
+    @staticmethod
+    def _link_checkpoint(trainer: Trainer, filepath: str, linkpath: str) -> None:
+        # Lightning's own removes `linkpath`, then symlinks: a kill in between leaves no last
+        # checkpoint, and rotating out the step file leaves the symlink dangling.
+        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
+            link_atomically(filepath, linkpath)
+        trainer.strategy.barrier()

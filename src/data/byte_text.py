@@ -12,6 +12,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from src.data.sampler import SplitLoaders, resumable_loader
 from src.data.splits import check_fractions, check_loader_options
 from src.data.tokenizers import ByteTokenizer, tokenizer_from_state, tokenizer_state
+from src.utils.contracts import TOKENS
 from src.utils.errors import ConfigError, DataError, MissingFileError
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class ByteTextDataModule(SplitLoaders, LightningDataModule):
     inside a training row. As in every datamodule here, rows come from a resumable
     DistributedSampler (shuffled by `shuffle_seed` + epoch, sharded across DDP ranks).
     """
+
+    batch_kind = TOKENS
 
     def __init__(
         self,

@@ -15,6 +15,7 @@ from torchvision.transforms.v2.functional import pil_to_tensor
 
 from src.data.sampler import resumable_sampler
 from src.data.splits import check_fractions, check_loader_options
+from src.utils.contracts import IMAGES
 from src.utils.errors import ConfigError, DataError
 
 Transform = Callable[[Any], torch.Tensor]
@@ -84,6 +85,8 @@ class ImageDataModule(LightningDataModule, ABC):
       1 process with batch 2B sees. (Set `trainer.use_distributed_sampler=false`, as the
       trainer configs do, so Lightning does not wrap it again.)
     """
+
+    batch_kind = IMAGES
 
     def __init__(
         self,

@@ -5,6 +5,7 @@ from pathlib import Path
 from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 from torchvision.datasets import ImageFolder
+from torchvision.datasets.folder import find_classes
 
 from src.data.image import ImageDataModule
 from src.data.splits import check_fractions, split_off
@@ -26,11 +27,7 @@ class ImageFolderDataModule(ImageDataModule):
         self.test_fraction = test_fraction
 
     def load_splits(self) -> dict[str, Dataset]:
-        if not self.data_dir.is_dir():
-            raise MissingFileError(
-                f"data.data_dir={str(self.data_dir)!r} is not a folder. Point it at a folder of "
-                f"class sub-folders (cat/, dog/, ...) or of train/ and val/ folders holding them."
-            )
+        check_is_folder(self.data_dir)
         train_dir = self.data_dir / "train"
         if not train_dir.is_dir():
             everything = self._image_folder(self.data_dir)
@@ -51,21 +48,52 @@ class ImageFolderDataModule(ImageDataModule):
         try:
             folder = ImageFolder(str(root), loader=read_image)
         except FileNotFoundError as error:  # no class folders, or no images in them
-            raise MissingFileError(
-                f"{error} An image folder needs one sub-folder per class holding images "
-                f"(e.g. {root}/cat/1.jpg, {root}/dog/2.jpg)."
-            ) from None
-        if len(folder.classes) < 2:
-            raise DataError(
-                f"{root} holds images of one class only ({folder.classes[0]}/): a classifier "
-                f"needs at least two, each in its own sub-folder (e.g. {root}/cat/, {root}/dog/)."
-            )
+            raise no_classes_error(root, error) from None
+        check_several_classes(root, folder.classes)
         if classes is not None and folder.classes != classes:
             raise DataError(
                 f"{root} has classes {folder.classes} but the training folder has {classes}; "
                 f"every split needs the same class sub-folders."
             )
         return folder
+
+
+def image_classes(data_dir: str) -> int:
+    """The number of classes of an image folder: its class sub-folders, or those of its
+    `train/` folder. The resolver behind `num_classes: ${image_classes:${.data_dir}}`."""
+    root = Path(data_dir)
+    check_is_folder(root)
+    if (root / "train").is_dir():
+        root = root / "train"
+    try:
+        classes, _ = find_classes(str(root))
+    except FileNotFoundError as error:
+        raise no_classes_error(root, error) from None
+    check_several_classes(root, classes)
+    return len(classes)
+
+
+def check_is_folder(data_dir: Path) -> None:
+    if not data_dir.is_dir():
+        raise MissingFileError(
+            f"data.data_dir={str(data_dir)!r} is not a folder. Point it at a folder of "
+            f"class sub-folders (cat/, dog/, ...) or of train/ and val/ folders holding them."
+        )
+
+
+def no_classes_error(root: Path, error: FileNotFoundError) -> MissingFileError:
+    return MissingFileError(
+        f"{error} An image folder needs one sub-folder per class holding images "
+        f"(e.g. {root}/cat/1.jpg, {root}/dog/2.jpg)."
+    )
+
+
+def check_several_classes(root: Path, classes: list[str]) -> None:
+    if len(classes) < 2:
+        raise DataError(
+            f"{root} holds images of one class only ({classes[0]}/): a classifier "
+            f"needs at least two, each in its own sub-folder (e.g. {root}/cat/, {root}/dog/)."
+        )
 
 
 def read_image(path: str) -> Image.Image:

@@ -38,6 +38,7 @@ from src.data.sampler import SplitLoaders, resumable_loader
 from src.data.splits import check_fractions, check_loader_options
 from src.data.token_store import StoreWriter, TokenStore, load_or_build
 from src.data.tokenizers import build_tokenizer, tokenizer_from_state, tokenizer_state
+from src.utils.contracts import TOKENS
 from src.utils.errors import CheckpointError, ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     `setup` then maps the same store. `num_proc` processes tokenise (null: one per CPU core).
     """
 
+    batch_kind = TOKENS
     default_overlong = "truncate"
     has_targets = False  # whether the store keeps a target mask (SFT)
 

@@ -5,9 +5,10 @@ from typing import Any
 import torch
 from torch import nn
 from torchmetrics import MaxMetric, MeanMetric, Metric
-from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
 
 from src.models.optimization import OptimizedModule, OptimizerFactory
+from src.utils.contracts import IMAGES
 from src.utils.lightning import is_logging_step
 from src.utils.weights import load_network_weights
 
@@ -17,6 +18,9 @@ STAGES = ("train", "val", "test")
 class ImageClassifier(OptimizedModule):
     """Cross-entropy training, accuracy per stage and the best validation accuracy so far.
 
+    The test loop also fills `test_confusion_matrix` (rows: true class, columns: predicted),
+    for reports of the last test such as `src/callbacks/class_report.py`.
+
     `optimizer` is a partial optimizer (`_partial_: true` in config) called with the trainable
     parameters, all in one group. `scheduler` is Lightning's lr-scheduler dict whose `scheduler`
     entry is a partial called with the optimizer, e.g. `{"scheduler": partial(CosineAnnealingLR,
@@ -24,6 +28,8 @@ class ImageClassifier(OptimizedModule):
     network from a weights file (see `src/utils/weights.py`). Only plain values reach the
     checkpoint's hyperparameters, so checkpoints load with `torch.load(..., weights_only=True)`.
     """
+
+    batch_kind = IMAGES
 
     def __init__(
         self,
@@ -58,12 +64,15 @@ class ImageClassifier(OptimizedModule):
         for metric in self.modules():
             if isinstance(metric, Metric):
                 metric.persistent(True)
+        # Not in checkpoints: a test is never resumed, the states grow as num_classes squared,
+        # and checkpoints written before it existed still load strictly.
+        self.test_confusion_matrix = MulticlassConfusionMatrix(num_classes, validate_args=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
-        loss = self._shared_step("train", batch)
+        loss, _ = self._shared_step("train", batch)
         # The step loss, on logging steps only (`trainer.log_every_n_steps`), as a classic loop.
         if is_logging_step(self.trainer):
             self.log("train/loss_step", loss, prog_bar=True)
@@ -73,7 +82,8 @@ class ImageClassifier(OptimizedModule):
         self._shared_step("val", batch)
 
     def test_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
-        self._shared_step("test", batch)
+        _, predictions = self._shared_step("test", batch)
+        self.test_confusion_matrix.update(predictions, batch[1])
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch("train")
@@ -84,6 +94,10 @@ class ImageClassifier(OptimizedModule):
             self.val_acc_best(acc)
             self.log("val/acc_best", self.val_acc_best.compute(), prog_bar=True, sync_dist=True)
 
+    def on_test_epoch_start(self) -> None:
+        # Reset here, not at the epoch's end: the matrix outlives the test for its reports.
+        self.test_confusion_matrix.reset()
+
     def on_test_epoch_end(self) -> None:
         self._log_epoch("test")
 
@@ -91,13 +105,17 @@ class ImageClassifier(OptimizedModule):
         inputs = batch[0] if isinstance(batch, list | tuple) else batch
         return self(inputs).argmax(dim=1)
 
-    def _shared_step(self, stage: str, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def _shared_step(
+        self, stage: str, batch: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's loss and predicted classes, counted in the stage's metrics."""
         inputs, targets = batch
         logits = self(inputs)
         loss = self.criterion(logits, targets)
-        getattr(self, f"{stage}_acc").update(logits.argmax(dim=1), targets)
+        predictions = logits.argmax(dim=1)
+        getattr(self, f"{stage}_acc").update(predictions, targets)
         getattr(self, f"{stage}_loss").update(loss.detach(), weight=len(targets))
-        return loss
+        return loss, predictions
 
     def _log_epoch(self, stage: str) -> torch.Tensor:
         """Log the stage's epoch loss and accuracy, then reset.

@@ -14,7 +14,7 @@ from src.models.parallel import shard_decoder_layers
 from src.models.qwen import QwenConfig, QwenLM
 from src.models.qwen.kernels import PYTORCH
 from src.models.qwen.loss import TokenLoss
-from src.utils.contracts import ExactMatchExample, Tokenizer
+from src.utils.contracts import TOKENS, ExactMatchExample, Tokenizer
 from src.utils.errors import ConfigError
 
 # Summed over a validation or test split: token losses, supervised tokens, and tokens predicted
@@ -56,6 +56,8 @@ class LanguageModel(OptimizedModule):
     adapters and the base's path and fingerprint instead of the base, which `pretrained` (or,
     when None, the recorded path) supplies again on loading.
     """
+
+    batch_kind = TOKENS
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from src.run import console
 from src.run.config_checks import check_accelerator, check_required_values
 from src.run.key_hints import typo_hint
 from src.run.launch import register_launch_resolvers
@@ -43,6 +44,7 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
         root = project_root(Path(inspect.getfile(task)))
         os.environ.setdefault("PROJECT_ROOT", str(root))
         register_launch_resolvers()
+        console.register_help_resolver(root / "conf")
         app = hydra.main(
             version_base="1.3", config_path=str(root / "conf"), config_name=config_name
         )(exit_on_user_error(checked_and_locked(task)))
@@ -65,13 +67,15 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
 
 def checked_and_locked(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
     """`task`, run once its config has every required value and a device this machine has,
-    holding the lock on the directory Hydra made for it."""
+    holding the lock on the directory Hydra made for it, with the console its `extras` ask
+    for (see src/run/console.py)."""
 
     @functools.wraps(task)
     def run(cfg: DictConfig) -> Any:
         check_required_values(cfg)
         check_accelerator(cfg)
         with run_dir_lock(HydraConfig.get().runtime.output_dir):
+            console.start(cfg)
             return task(cfg)
 
     return run

@@ -12,10 +12,12 @@ MissingMandatoryValue traceback wherever it is first read; it is named up front 
 import inspect
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from src.utils.errors import ConfigError
@@ -25,6 +27,7 @@ def check_config_types(cfg: DictConfig, path: str = "") -> None:
     """Raise ConfigError for required values left unset, or else for the first value whose type
     contradicts its target's signature."""
     if not path:
+        check_model_fits_data(cfg)
         check_required_values(cfg)
         check_optimizer_values(cfg)
         check_adapter_model(cfg)
@@ -61,6 +64,49 @@ def _missing_keys(value: Any, path: str = "") -> list[str]:
         for child, item in items
         for key in _missing_keys(item, f"{path}.{child}" if path else str(child))
     ]
+
+
+def check_model_fits_data(cfg: DictConfig) -> None:
+    """Refuse a model and a datamodule whose kinds of batch differ (`model=qwen3_tiny` on
+    images, `model=cnn` on text), naming the options that fit, before a missing interpolation
+    (the classifier's `${data.num_classes}`) or the first batch fails instead. The kinds are
+    the classes' `batch_kind` (src/utils/contracts.py), read without building anything."""
+    model_kind, data_kind = (_batch_kind(cfg.get(group)) for group in ("model", "data"))
+    if None in (model_kind, data_kind) or model_kind == data_kind:
+        return
+    choices = _choices()
+    model, data = (choices.get(group) or cfg[group]._target_ for group in ("model", "data"))
+    conf = Path(str(cfg.paths.root_dir)) / "conf" if "paths" in cfg else None
+    raise ConfigError(
+        f"model={model} trains on {model_kind}, but data={data} yields {data_kind}. Choose "
+        f"data that fits the model ({_options_of_kind(conf, 'data', model_kind)}) or a model "
+        f"that fits the data ({_options_of_kind(conf, 'model', data_kind)})."
+    )
+
+
+def _batch_kind(node: Any) -> str | None:
+    if not isinstance(node, DictConfig) or not isinstance(node.get("_target_"), str):
+        return None
+    try:
+        return getattr(hydra.utils.get_object(node._target_), "batch_kind", None)
+    except Exception:  # noqa: BLE001 - an unknown target is instantiate's to report
+        return None
+
+
+def _choices() -> dict[str, str]:
+    """The option chosen in each config group, where Hydra composed the config."""
+    if not HydraConfig.initialized():
+        return {}
+    return {group: str(option) for group, option in HydraConfig.get().runtime.choices.items()}
+
+
+def _options_of_kind(conf: Path | None, group: str, kind: str) -> str:
+    """`group=<option>` for each option in conf/<group>/ whose class takes or yields `kind`."""
+    options = []
+    for path in sorted(conf.glob(f"{group}/*.yaml")) if conf else []:
+        if _batch_kind(OmegaConf.load(path)) == kind:
+            options.append(f"{group}={path.stem}")
+    return ", ".join(options) or f"another {group}= option"
 
 
 def check_optimizer_values(cfg: DictConfig) -> None:

@@ -1,6 +1,7 @@
 """Hydra callbacks: checks that must run before Hydra creates the run directory."""
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +15,14 @@ from src.run.launch import register_launch_resolvers
 register_launch_resolvers()
 
 
+# Below this much free space Hydra's own config files may not fit: a run cannot start.
+MIN_FREE_BYTES = 1 << 20
+
+
 class WritableOutputDir(Callback):
-    """Stops with one clear line when the run (or sweep) directory cannot be written."""
+    """Stops with one clear line when the run (or sweep) directory cannot be written: a
+    read-only place, or a full disk (where Hydra, writing `.hydra/`, would fail with a
+    traceback)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         check_writable(Path(config.hydra.run.dir), "hydra.run.dir")
@@ -27,7 +34,14 @@ class WritableOutputDir(Callback):
 def check_writable(folder: Path, key: str) -> None:
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and existing.is_dir() and os.access(existing, os.W_OK | os.X_OK):
-        return
+        free = shutil.disk_usage(existing).free
+        if free >= MIN_FREE_BYTES:
+            return
+        raise SystemExit(
+            f"Error: no space left on the device holding {folder} ({free / 1024:.0f} kB free "
+            f"in {existing}): the run could not even write its config there. Free some space, "
+            f"or choose another place with {key}=... or paths.log_dir=..."
+        )
     reason = "is not a folder" if existing is not None and not existing.is_dir() else "is read-only"
     raise SystemExit(
         f"Error: cannot create the output directory {folder}: {existing} {reason}. Choose a "

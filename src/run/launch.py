@@ -127,6 +127,14 @@ def rank_suffix() -> str:
     return f"_rank{rank}" if rank else ""
 
 
+def image_classes(data_dir: str) -> int:
+    """data=imagefolder's `num_classes`: its class folders, counted when the config is read
+    (imported then: the data layer loads torchvision, which a launcher process never needs)."""
+    from src.data.imagefolder import image_classes as count_classes
+
+    return count_classes(data_dir)
+
+
 def register_launch_resolvers() -> None:
     """Make the resolvers above usable in configs. `launch_name` is cached per config like
     Hydra's `${now:...}`, so a run's directory keeps its name however often it is read."""
@@ -134,6 +142,7 @@ def register_launch_resolvers() -> None:
         "launch_name": (launch_name, True),
         "rank_zero_only": (rank_zero_only, False),
         "rank_suffix": (rank_suffix, False),
+        "image_classes": (image_classes, False),
     }
     for name, (resolver, use_cache) in resolvers.items():
         if not OmegaConf.has_resolver(name):

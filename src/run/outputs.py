@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from src.callbacks.class_report import ClassReport
 from src.callbacks.throughput import Throughput
 from src.utils.files import write_atomically
 from src.utils.lightning import as_number
@@ -37,6 +38,8 @@ def finish_run(
     wall_time_s = round(time.perf_counter() - start, 3)
     if (peak := mfu_peak(trainer)) is not None:
         extra["mfu_peak"] = peak
+    if accuracy := test_acc_per_class(trainer):
+        extra["test_acc_per_class"] = accuracy
     record = write_metrics(output_dir, metrics, **extra, wall_time_s=wall_time_s)
     log_summary(record, output_dir)
     return record
@@ -48,6 +51,14 @@ def mfu_peak(trainer: Any) -> dict[str, Any] | None:
         if isinstance(callback, Throughput) and callback.peak is not None:
             return {"flops_per_s": callback.peak.flops, "source": callback.peak.source}
     return None
+
+
+def test_acc_per_class(trainer: Any) -> dict[str, float | None]:
+    """{class: accuracy} of the last test, from the ClassReport callback ({} without one)."""
+    for callback in trainer.callbacks:
+        if isinstance(callback, ClassReport):
+            return callback.accuracy
+    return {}
 
 
 def log_summary(record: Mapping[str, Any], output_dir: str | Path) -> None:

@@ -12,6 +12,7 @@ Hydra starts (`pinned_run_dir`), and the task then locks the directory it runs i
 pinned one this process holds already.
 """
 
+import contextlib
 import fcntl
 import json
 import os
@@ -65,7 +66,9 @@ def acquire(run_dir: Path) -> int:
         os.close(descriptor)
     holder = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
     os.ftruncate(descriptor, 0)
-    os.write(descriptor, json.dumps(holder).encode())
+    # On a full disk the lock holds without the record, which only names the holder.
+    with contextlib.suppress(OSError):
+        os.write(descriptor, json.dumps(holder).encode())
     return descriptor
 
 

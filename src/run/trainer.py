@@ -1,11 +1,13 @@
 """What train.py and eval.py share: the resolved config, and the Trainer with its callbacks."""
 
-from typing import Any
+import logging
+from typing import Any, Literal
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
+from lightning.fabric.connector import _PRECISION_INPUT
 from lightning.pytorch import Trainer
+from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from src.callbacks.exact_match import ExactMatch
@@ -13,9 +15,40 @@ from src.callbacks.preemption import Preemption
 from src.callbacks.process_group import DestroyProcessGroupAtExit
 from src.callbacks.run_config import RunConfigInCheckpoint
 from src.run.fit_checks import ModelFitsData
-from src.run.instantiate import instantiate_group
+from src.run.instantiate import instantiate_config, instantiate_group
 from src.run.launch import external_launcher
 from src.utils.errors import LaunchError
+from src.utils.hardware import machine_precision
+
+log = logging.getLogger(__name__)
+
+
+class AutoPrecisionTrainer(Trainer):
+    """Lightning's Trainer, which also takes `precision="auto"`: the precision that the device
+    of `accelerator` computes natively on this machine (see `resolved_precision`)."""
+
+    def __init__(
+        self, *, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any
+    ) -> None:
+        accelerator = kwargs.get("accelerator", "auto")
+        super().__init__(precision=resolved_precision(precision, accelerator), **kwargs)
+
+
+def resolved_precision(precision: Any, accelerator: Any) -> Any:
+    """`precision` as given, or for "auto" the one `accelerator`'s device computes natively
+    here (src/utils/hardware.py), logged once with the reason and how to override it."""
+    if precision != "auto":
+        return precision
+    choice = machine_precision(str(accelerator))
+    if rank_zero_only.rank == 0:  # every rank resolves; one line says it
+        other = "bf16-mixed" if choice.precision == "32-true" else "32-true"
+        log.info(
+            "Precision: %s (%s); set trainer.precision=%s to override",
+            choice.precision,
+            choice.reason,
+            other,
+        )
+    return choice.precision
 
 
 def plain_config(cfg: DictConfig) -> dict[str, Any]:
@@ -70,8 +103,16 @@ def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = N
     """Build the Trainer with the configured callbacks and loggers.
 
     With `run_config` (resolved config, overrides) every checkpoint also records how the run
-    was configured, and the loggers receive the config as hyperparameters.
+    was configured, and the loggers receive the config as hyperparameters; both hold the
+    precision the run uses, where the config says `trainer.precision: auto`.
     """
+    precision = resolved_precision(
+        cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto")
+    )
+    if run_config is not None:
+        config, overrides = run_config
+        trainer_config = {**config["trainer"], "precision": precision}
+        run_config = ({**config, "trainer": trainer_config}, overrides)
     # Not config choices: the checks and metrics every run needs, whatever `callbacks=` says,
     # and the process group's clean exit (without it a distributed CPU run can abort at exit).
     mandatory = [ModelFitsData(), ExactMatch(), DestroyProcessGroupAtExit()]
@@ -79,7 +120,9 @@ def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = N
     if run_config is not None:
         callbacks.append(RunConfigInCheckpoint(*run_config))
     loggers = instantiate_group(cfg.get("logger"))
-    trainer = hydra.utils.instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    trainer = instantiate_config(
+        cfg.trainer, precision=precision, callbacks=callbacks, logger=loggers or False
+    )
     if run_config is not None:
         for logger in trainer.loggers:
             logger.log_hyperparams(run_config[0])

@@ -13,6 +13,12 @@ from typing import Any, Protocol, runtime_checkable
 # torch.nn.functional.cross_entropy's default `ignore_index`.
 IGNORE_INDEX = -100
 
+# What a batch holds. A model class declares the kind it trains on and a datamodule class the
+# kind it yields, both as `batch_kind`, so that a pair that cannot work together is refused by
+# name before anything is built (src/run/config_checks.py).
+IMAGES = "labelled images"
+TOKENS = "token sequences"
+
 # A held-out prompt (token ids) and the answer expected for it, for exact-match scoring.
 ExactMatchExample = tuple[list[int], str]
 

@@ -1,6 +1,7 @@
 """Errors caused by input the user can fix; the entry points print them without a traceback."""
 
 import functools
+import logging
 from collections.abc import Callable
 
 
@@ -43,9 +44,22 @@ def exit_on_user_error(main: Callable) -> Callable:
                 cause = cause.__cause__ or cause.__context__
             if cause is None or (_in_multirun() and not isinstance(cause, LaunchError)):
                 raise
+            log_to_files(error)
             raise SystemExit(f"Error: {user_message(cause)}") from None
 
     return wrapper
+
+
+def log_to_files(error: BaseException) -> None:
+    """Write `error` with its traceback to the run's log files only (train.log), for a bug
+    report, while the console gets one line."""
+    exc_info = (type(error), error, error.__traceback__)
+    record = logging.getLogger(__name__).makeRecord(
+        __name__, logging.ERROR, __file__, 0, "Stopped by:", (), exc_info
+    )
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
 
 
 def user_message(error: UserFacingError) -> str:

@@ -1,12 +1,16 @@
 """Files that never half-exist: written beside their final path, flushed, renamed into place."""
 
 import errno
+import logging
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
 from src.utils.errors import CheckpointError
+
+log = logging.getLogger(__name__)
 
 
 def write_atomically(
@@ -65,3 +69,33 @@ def fsync_folder(folder: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def link_atomically(target: str | Path, link: str | Path) -> None:
+    """Make `link` a hard link to the file `target`, replacing whatever `link` was in one
+    rename; a copy (written atomically) where the file system has no hard links.
+
+    A hard link, not a symlink: deleting `target` (a periodic checkpoint rotated out) leaves
+    `link` whole instead of dangling, Windows allows it without special rights, and an atomic
+    save to `link` (the preemption save) renames a new file over the name, never writing into
+    `target`. Copying a run directory keeps both names (`rsync -aH` keeps them one file).
+    """
+    target, link = Path(target), Path(link)
+    temporary = link.with_name(f".{link.name}.tmp-{os.getpid()}")
+    temporary.unlink(missing_ok=True)
+    try:
+        os.link(target, temporary)
+    except OSError as error:
+        if not target.is_file():
+            raise
+        log.info("No hard link from %s to %s (%s): writing a copy", link, target, error)
+        write_atomically(link, lambda file: copy_into(target, file), what="checkpoint")
+        return
+    os.replace(temporary, link)
+    fsync_folder(link.parent)
+
+
+def copy_into(source: Path, file: BinaryIO) -> None:
+    """Copy the bytes of `source` into the open binary `file`."""
+    with source.open("rb") as original:
+        shutil.copyfileobj(original, file)

@@ -23,3 +23,18 @@ def is_logging_step(trainer: Any) -> bool:
     Lightning decides this in a private connector; reading it here, in one place, keeps the
     rest of the code on one definition (and one spot to fix if Lightning renames it)."""
     return bool(trainer._logger_connector.should_update_logs)
+
+
+def metrics_logged_this_step(trainer: Any) -> dict[str, Any]:
+    """What Lightning sends the loggers at the end of this training batch: the values logged
+    on step, on logging steps that step the optimizer; nothing on other batches.
+
+    Read from Lightning's logger connector, the way its training loop reads it right after
+    `on_train_batch_end` (no public API gives a step's logged values).
+    """
+    accumulating = (
+        trainer.fit_loop._should_accumulate() and trainer.lightning_module.automatic_optimization
+    )
+    if accumulating or not is_logging_step(trainer) or trainer._results is None:
+        return {}
+    return dict(trainer._logger_connector.metrics["log"])

@@ -127,6 +127,7 @@ def test_a_weights_name_loads_torchvisions_file_from_the_hub_cache(tmp_path, mon
         assert torch.equal(net.state_dict()["layer4.1.bn2.weight"], saved["layer4.1.bn2.weight"])
 
 
+@pytest.mark.slow
 def test_callbacks_freeze_trains_only_the_new_head_of_resnet18(tmp_path, image_folder):
     path = tmp_path / "resnet18.safetensors"
     saved = saved_imagenet_network("resnet18", path)

@@ -8,6 +8,7 @@ import torch
 from scripts.bench import main
 
 
+@pytest.mark.slow
 def test_bench_quick_writes_every_case_with_medians_ratios_and_cold_start(tmp_path):
     out = tmp_path / "bench.json"
     argv = ["--quick", "--cases", "trainer,data,compile", "--out", str(out)]

@@ -68,6 +68,7 @@ ENTRY_POINTS = {
 HYDRA_APPS = ("eval.py", "train.py", "predict.py", "scripts/export.py", "scripts/evaluate_lm.py")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry_point", ENTRY_POINTS)
 def test_the_entry_points_refuse_a_malicious_checkpoint(
     tmp_path, malicious_checkpoint, entry_point

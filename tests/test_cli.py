@@ -9,6 +9,7 @@ from src.run.launch import register_launch_resolvers
 from tests.helpers import FAST, ROOT, run_script, run_train
 
 
+@pytest.mark.slow
 def test_multirun_runs_each_job_in_its_own_dir_and_summarises_the_sweep(tmp_path):
     run_train(["-m", "model=simplenet,cnn", f"hydra.sweep.dir={tmp_path}", *FAST])
     for job in ("0", "1"):
@@ -38,6 +39,7 @@ def test_a_job_with_bad_input_fails_alone_and_the_sweep_goes_on(tmp_path):
     assert len(finished) == 2  # the two jobs with a valid fraction
 
 
+@pytest.mark.slow
 def test_train_then_eval_from_the_command_line(tmp_path):
     run_train(["model=cnn", *FAST], tmp_path / "train")
     trained = json.loads((tmp_path / "train" / "metrics.json").read_text())
@@ -48,6 +50,7 @@ def test_train_then_eval_from_the_command_line(tmp_path):
     assert evaluated["metrics"]["test/acc"] == pytest.approx(trained["metrics"]["test/acc"])
 
 
+@pytest.mark.slow
 def test_unknown_model_lists_the_available_ones():
     result = run_train(["model=resnet9000"], check=False)
     assert result.returncode != 0
@@ -55,6 +58,7 @@ def test_unknown_model_lists_the_available_ones():
     assert "cnn" in result.stderr and "simplenet" in result.stderr
 
 
+@pytest.mark.slow
 def test_wrongly_typed_value_names_the_key_and_the_expected_type_without_a_traceback():
     result = run_train(["trainer.max_epochs=ten"], check=False)
     assert result.returncode != 0
@@ -62,6 +66,7 @@ def test_wrongly_typed_value_names_the_key_and_the_expected_type_without_a_trace
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_eval_with_a_missing_checkpoint_says_what_to_pass(tmp_path):
     result = run_script(
         "eval.py",

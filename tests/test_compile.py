@@ -3,6 +3,7 @@
 import json
 import logging
 
+import pytest
 import torch
 from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, TensorDataset
@@ -12,6 +13,7 @@ from tests.helpers import FAST, compose_config, quiet_trainer
 from train import train
 
 
+@pytest.mark.slow
 def test_compiled_run_keeps_plain_checkpoint_keys_and_reports_compile_figures(tmp_path):
     # The eager backend runs the compile machinery (tracing, guards) without code generation.
     train(

@@ -88,6 +88,7 @@ def test_two_processes_match_one_with_the_same_global_batch(tmp_path):
     assert len(list((tmp_path / "two").glob("metrics.json"))) == 1
 
 
+@pytest.mark.slow
 def test_a_multirun_with_ddp_is_refused_with_the_way_out(tmp_path):
     result = run_train(
         ["-m", "trainer=ddp_cpu", "seed=1,2", f"hydra.sweep.dir={tmp_path}"], check=False
@@ -281,6 +282,7 @@ if sys.argv[2] == "callback":
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("with_callback", "alive_at_exit"), [("callback", False), ("none", True)])
 def test_a_rank_destroys_its_gloo_group_before_python_shuts_down(with_callback, alive_at_exit):
     """Left to interpreter shutdown, a gloo group's worker thread can still be freeing the last

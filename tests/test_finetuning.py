@@ -92,6 +92,7 @@ def test_patterns_that_match_nothing_list_the_modules(tmp_path):
         train(cfg)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fmt", "filename"), [("safetensors", "model.safetensors"), ("state_dict", "model.pt")]
 )

@@ -35,6 +35,7 @@ def test_mlflow_run_records_params_and_metrics_in_the_run_dir(tmp_path, monkeypa
     assert sorted(path.name for path in tmp_path.iterdir()) == ["run"]
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_is_written_in_the_run_dir(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb")
     for variable in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):

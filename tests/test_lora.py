@@ -369,6 +369,7 @@ def test_a_lora_checkpoint_refuses_another_base(lora_run, tmp_path):
         restore(run_dir / "checkpoints" / "last.ckpt", [f"model.pretrained={tmp_path / 'other'}"])
 
 
+@pytest.mark.slow
 def test_the_scripts_export_a_lora_run_for_peft_and_merged(lora_run, tiny_base, tmp_path):
     run_dir, _ = lora_run
     last = run_dir / "checkpoints" / "last.ckpt"

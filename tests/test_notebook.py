@@ -4,6 +4,7 @@ import json
 import sys
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from src.run.compose import ROOT
@@ -30,6 +31,7 @@ def test_notebook_is_stored_without_outputs_for_the_template_kernel():
     assert all(not cell.outputs and cell.execution_count is None for cell in stored)
 
 
+@pytest.mark.slow
 def test_quickstart_runs_end_to_end(tmp_path, monkeypatch):
     register_kernel(tmp_path / "jupyter")
     monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))

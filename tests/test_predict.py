@@ -73,6 +73,7 @@ def test_top1_and_probabilities_match_the_model_on_the_same_tensors(
         assert top_probability == pytest.approx(expected[index].max().item(), abs=1e-5)
 
 
+@pytest.mark.slow
 def test_a_folder_from_the_command_line_writes_predictions_csv(tmp_path, digits_ckpt, digit_pngs):
     folder, _ = digit_pngs
     expected = {
@@ -108,6 +109,7 @@ def test_one_file_prints_its_top_k_and_writes_no_csv(tmp_path, digits_ckpt, digi
     assert not (tmp_path / "predictions.csv").exists()
 
 
+@pytest.mark.slow
 def test_a_file_that_is_not_an_image_fails_with_one_clear_line(tmp_path, digits_ckpt, digit_pngs):
     text = digit_pngs[0] / "notes.txt"
     result = run_predict(tmp_path, f"ckpt_path={digits_ckpt}", f"input={text}")

@@ -58,6 +58,7 @@ def test_device_cuda_without_a_gpu_is_refused_rather_than_benchmarking_the_cpu(c
     assert "--device cuda: this machine has no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_memory_adds_each_implementations_peak_measured_in_its_own_process():
     (row,) = bench_main(["--quick", "--memory", "--models", "dense", "--precisions", "fp32",
                          "--vocab-size", "4096", "--layers", "1"])  # fmt: skip
@@ -71,6 +72,7 @@ def test_memory_adds_each_implementations_peak_measured_in_its_own_process():
     assert row["params"] == f"{QwenLM(config).num_parameters() / 1e6:.2f}M"
 
 
+@pytest.mark.slow
 def test_finetune_compares_full_training_with_lora_with_and_without_recomputation():
     rows = bench_main(["--quick", "--finetune", "--models", "dense", "--precisions", "fp32"])
     assert [row["variant"] for row in rows] == [

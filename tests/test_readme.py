@@ -221,6 +221,7 @@ def run_in_copy(commands: list[Command], tmp_path: Path) -> None:
             )
 
 
+@pytest.mark.slow
 def test_the_fast_readme_commands_run_as_written(tmp_path):
     run_in_copy([c for c in runnable_commands() if c.text in FAST], tmp_path)
 

@@ -64,6 +64,7 @@ def training_process(args: list[str], run_dir) -> subprocess.Popen:
     )
 
 
+@pytest.mark.slow
 def test_sigterm_saves_between_steps_and_exits_cleanly_then_ckpt_path_last_resumes(tmp_path):
     slow = ["+callbacks.slow._target_=tests.test_reliability.SlowSteps", "trainer.max_epochs=50"]
     process = training_process([*FAST, *slow], tmp_path)
@@ -193,6 +194,7 @@ class InterruptedThenWaits(Callback):
             time.sleep(120)
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path):
     waits = ["+callbacks.wait._target_=tests.test_reliability.InterruptedThenWaits"]
     process = training_process([*FAST, *waits], tmp_path)

@@ -114,6 +114,7 @@ def test_a_restored_lm_has_the_trained_logits_and_the_bpe_without_the_run_folder
     assert text.startswith("ROMEO:"), text
 
 
+@pytest.mark.slow
 def test_export_writes_the_tokenizer_next_to_the_weights(bpe_run, tmp_path):
     last, _, tokenizer, _ = bpe_run
     run_script("scripts/export.py", [f"ckpt_path={last}", f"hydra.run.dir={tmp_path}"])

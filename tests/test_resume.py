@@ -93,6 +93,7 @@ def uninterrupted(tmp_path_factory):
     return final
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sigkill_at_a_random_step_then_resume_matches_the_uninterrupted_run(
     tmp_path, uninterrupted, seed
@@ -104,6 +105,7 @@ def test_sigkill_at_a_random_step_then_resume_matches_the_uninterrupted_run(
     assert_resumes_exactly(RUN, tmp_path, last, uninterrupted(RUN))
 
 
+@pytest.mark.slow
 def test_a_cnn_with_dropout_stopped_after_an_epoch_resumes_exactly_from_its_epoch_checkpoint(
     tmp_path, uninterrupted
 ):
@@ -117,6 +119,7 @@ def test_a_cnn_with_dropout_stopped_after_an_epoch_resumes_exactly_from_its_epoc
     )
 
 
+@pytest.mark.slow
 def test_sigterm_mid_epoch_then_resume_matches_the_uninterrupted_run(tmp_path, uninterrupted):
     last = signalled_run(DEFAULT_CHECKPOINTS, tmp_path, step=13, name="SIGTERM")
     assert torch.load(last, weights_only=True)["global_step"] == 14  # after the step in progress
@@ -186,6 +189,7 @@ def test_a_periodic_checkpoint_at_the_last_step_of_an_epoch_resumes_into_the_nex
     assert_resumes_exactly(EVERY_5_STEPS, tmp_path, last, uninterrupted(EVERY_5_STEPS))
 
 
+@pytest.mark.slow
 def test_simplenet_stopped_after_an_epoch_resumes_exactly(tmp_path):
     run = [*FAST, "model=simplenet", "trainer.deterministic=true", "test=false"]
     train(compose_config(tmp_path / "whole", [*run, "trainer.max_epochs=2"]))
@@ -238,6 +242,7 @@ def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path, mo
     assert_resumes_exactly(run, tmp_path / "killed", last, expected)
 
 
+@pytest.mark.slow
 def test_ckpt_path_last_in_a_fresh_run_dir_is_refused_naming_the_runs_to_resume(tmp_path):
     runs = tmp_path / "train" / "runs"
     for age, name in enumerate(["newest", "older", "oldest"]):

@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from src.run.run_lock import LOCK_FILE, RunDirInUse, run_dir_lock
 from tests.helpers import FAST, ROOT, run_train
 
@@ -28,6 +30,7 @@ def holding_process(run_dir) -> subprocess.Popen:
     return process
 
 
+@pytest.mark.slow
 def test_a_directory_locked_by_a_live_process_is_refused_naming_it(tmp_path):
     holder = holding_process(tmp_path)
     try:
@@ -43,6 +46,7 @@ def test_a_directory_locked_by_a_live_process_is_refused_naming_it(tmp_path):
         holder.wait()
 
 
+@pytest.mark.slow
 def test_the_lock_of_a_process_killed_with_sigkill_does_not_block_the_next_run(tmp_path):
     holder = holding_process(tmp_path)
     holder.send_signal(signal.SIGKILL)
@@ -54,6 +58,7 @@ def test_the_lock_of_a_process_killed_with_sigkill_does_not_block_the_next_run(t
     assert not (tmp_path / LOCK_FILE).exists(), "the lock file outlived the run"
 
 
+@pytest.mark.slow
 def test_a_second_training_into_a_run_dir_in_use_is_refused_before_hydra_writes_there(
     tmp_path,
 ):

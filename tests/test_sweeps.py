@@ -14,6 +14,7 @@ from src.run.sweep_summary import SweepSummary, plot_metric
 from tests.helpers import FAST, run_train
 
 
+@pytest.mark.slow
 def test_optuna_search_writes_a_summary_whose_best_row_is_optunas_best_trial(tmp_path):
     run_train(
         ["hparams_search=optuna", "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={tmp_path}", *FAST]

@@ -108,6 +108,7 @@ def test_eval_rebuilds_the_model_from_the_checkpoint_and_matches_the_training_te
     assert (tmp_path / "eval" / "metrics.json").is_file()
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_run_and_another_seed_does_not(tmp_path):
     # Random augmentation in two DataLoader workers: worker seeding is part of what is checked.
     augment = [

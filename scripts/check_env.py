@@ -79,11 +79,10 @@ def cuda_gpus() -> list[GPU]:
 
 def cpu_info() -> CPU:
     """The CPU's model, core count, feature flags and native bf16 units."""
-    from src.utils.hardware import cpu_bf16_units, cpuinfo_field, read_cpu_flags
+    from src.utils.hardware import cpu_bf16_units, cpu_name, read_cpu_flags
 
-    model = cpuinfo_field("model name") or platform.processor() or platform.machine()
     flags = read_cpu_flags()
-    return CPU(model, os.cpu_count() or 1, flags, cpu_bf16_units(flags or ()))
+    return CPU(cpu_name(), os.cpu_count() or 1, flags, cpu_bf16_units(flags or ()))
 
 
 def optional_kernels() -> dict[str, str | None]:

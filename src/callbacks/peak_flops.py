@@ -22,6 +22,8 @@ import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 from lightning.pytorch.utilities import rank_zero_only
 
+from src.utils.hardware import cpu_name
+
 log = logging.getLogger(__name__)
 
 CACHE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / (
@@ -147,17 +149,6 @@ def measure_matmul_flops(dtype: torch.dtype, size: int = 1024, seconds: float = 
         torch.mm(a, b)
         best = max(best, 2 * size**3 / (time.perf_counter() - start))
     return best
-
-
-def cpu_name() -> str:
-    """The CPU model as the OS reports it (falls back to the architecture)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _read_cache(cache_file: Path) -> dict[str, float]:

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from src.callbacks.peak_flops import cpu_name
 from src.models.qwen import QwenConfig
+from src.utils.hardware import cpu_name
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF_DIR = ROOT / "conf"

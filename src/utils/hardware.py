@@ -38,6 +38,11 @@ def cpuinfo_field(name: str, cpuinfo: Path = CPUINFO) -> str | None:
     return None
 
 
+def cpu_name() -> str:
+    """The CPU model as the OS reports it (falls back to the architecture)."""
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
+
+
 def read_cpu_flags(cpuinfo: Path = CPUINFO) -> frozenset[str] | None:
     """The CPU's x86 feature flags (None where there are none to read: not Linux, not x86)."""
     flags = cpuinfo_field("flags", cpuinfo)

@@ -4,6 +4,7 @@ checkpoints, generation."""
 import csv
 import math
 from functools import partial
+from pathlib import Path
 
 import hydra
 import pytest
@@ -14,7 +15,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from eval import evaluate
 from scripts.generate import main as generate_main
 from src.checkpoints.restore import restore
-from src.data.byte_text import ByteTextDataModule, ByteTokenizer
+from src.data.byte_text import ByteTextDataModule, ByteTokenizer, TokenWindows
 from src.models.language_model import LanguageModel
 from src.models.optimization import warmup_cosine
 from tests.helpers import FAST, ROOT, TINY_LM, compose_config, quiet_trainer
@@ -290,9 +291,23 @@ def test_byte_rows_are_shifted_pairs_and_the_splits_never_overlap():
     assert torch.equal(batch["input_ids"][:, 1:], batch["labels"][:, :-1])
     text = ByteTokenizer().decode(batch["input_ids"][0].tolist())
     assert text in SHAKESPEARE.read_text()
-    windows = {split: data.datasets[split].tokens for split in ("train", "val", "test")}
-    total = sum(len(tokens) for tokens in windows.values())
-    assert total == len(SHAKESPEARE.read_bytes()) + 1  # every byte once, plus end of text
+    splits = [data.datasets[split] for split in ("train", "val", "test")]
+    assert [s.end for s in splits[:-1]] == [s.begin for s in splits[1:]]  # back to back
+    assert (splits[0].begin, splits[-1].end) == (0, len(SHAKESPEARE.read_bytes()) + 1)
+
+
+def test_byte_windows_are_read_by_position_and_the_last_ends_with_end_of_text(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / "nine.txt"
+    path.write_bytes(b"abcdefghi")
+    monkeypatch.setattr(Path, "read_bytes", lambda self: pytest.fail("the file was read whole"))
+    windows = TokenWindows(path, 0, 10, seq_len=3)  # the 9 bytes, then end of text
+    assert len(windows) == 3
+    assert windows[0]["input_ids"].tolist() == list(b"abc")
+    assert windows[0]["labels"].tolist() == list(b"bcd")
+    assert windows[2]["input_ids"].tolist() == list(b"ghi")
+    assert windows[2]["labels"].tolist() == [*b"hi", ByteTokenizer.eos_token_id]
 
 
 def test_the_old_seq_len_key_still_sets_max_seq_len_with_a_deprecation_message(tmp_path, caplog):

@@ -1,14 +1,16 @@
 """A run killed at any step and resumed ends exactly where the uninterrupted run ends."""
 
+import itertools
 import os
 import random
 from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.utils.data.distributed import DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from src.data.sampler import resumable_loader, resumable_sampler
+from src.data.sampler import ResumableDistributedSampler, resumable_loader, resumable_sampler
 from tests.helpers import (
     FAST,
     TINY_LM,
@@ -178,6 +180,20 @@ def test_a_loader_state_saved_after_an_epoch_s_last_batch_resumes_as_the_next_ep
         assert rest == expected[1]
     else:
         assert before + rest == expected[0]
+
+
+@pytest.mark.parametrize("drop_last", [True, False])
+@pytest.mark.parametrize(("count", "ranks"), [(0, 2), (7, 1), (7, 3), (100, 8), (1001, 2)])
+def test_the_sampler_gives_torch_s_distributed_order_without_listing_it(count, ranks, drop_last):
+    for rank, shuffle, epoch in itertools.product(range(ranks), (True, False), (0, 3)):
+        options = {"num_replicas": ranks, "rank": rank, "shuffle": shuffle, "seed": 5}
+        expected = DistributedSampler(range(count), drop_last=drop_last, **options)
+        sampler = ResumableDistributedSampler(range(count), drop_last=drop_last, **options)
+        expected.set_epoch(epoch)
+        sampler.set_epoch(epoch)
+        assert list(sampler) == list(expected), (rank, shuffle, epoch)
+    sampler.set_epoch(0)
+    assert isinstance(sampler.rank_indices(), torch.Tensor)
 
 
 @pytest.mark.slow

@@ -4,8 +4,11 @@ without tokenising, rebuilds of broken stores, bad input, and packing on the len
 import bisect
 import errno
 import json
+import os
+import pickle
 import random
 import shutil
+import socket
 
 import numpy as np
 import pyarrow as pa
@@ -216,6 +219,55 @@ def test_parallel_tokenisation_writes_the_same_store(tmp_path):
     assert np.array_equal(one.token_store.tokens, two.token_store.tokens)
     assert np.array_equal(one.token_store.offsets, two.token_store.offsets)
     assert one.token_store.num_documents == len(lines)
+
+
+def test_a_txt_corpus_is_tokenised_a_part_at_a_time_into_the_same_store(tmp_path, monkeypatch):
+    lines = [f"line {i} " + "ab" * (i % 17) for i in range(3000)]
+    corpus = write_corpus(tmp_path, "txt", documents=lines)
+    whole = text_store([corpus], tmp_path / "whole", document_split="line")
+    monkeypatch.setattr(readers, "PART_BYTES", 4096)
+    monkeypatch.setattr(readers, "CHUNK_BYTES", 1024)  # parts end at a chunk's end
+    opened = []
+    original = readers.separately_mapped_parts
+    monkeypatch.setattr(
+        "src.data.packed_text.separately_mapped_parts",
+        lambda corpus: (opened.append(part) or part for part in original(corpus)),
+    )
+    parts = text_store([corpus], tmp_path / "parts", document_split="line")
+    assert len(opened) > 10, "the corpus was tokenised through one map"
+    assert np.array_equal(parts.token_store.tokens, whole.token_store.tokens)
+    assert np.array_equal(parts.token_store.offsets, whole.token_store.offsets)
+
+
+def test_rows_are_read_by_position_as_the_map_holds_them(tmp_path):
+    module = text_store([write_corpus(tmp_path, "txt")], tmp_path / "cache", overlong="split")
+    store = module.token_store
+    for begin, end in [(0, 5), (17, 90), (len(store.tokens) - 3, len(store.tokens))]:
+        tokens, targets = store.read(begin, end)
+        assert targets is None and np.array_equal(tokens, store.tokens[begin:end])
+    copy = pickle.loads(pickle.dumps(store))  # as a spawned loader worker receives it
+    assert len(pickle.dumps(store)) < 2000, "the pickle carries the tokens"
+    assert np.array_equal(copy.read(3, 40)[0], store.tokens[3:40])
+
+
+def test_staging_folders_of_killed_builds_on_this_host_are_removed(tmp_path):
+    cache = tmp_path / "cache"
+    host, dead = socket.gethostname(), 2**22 + 12345  # above any pid this machine gives
+    left = [
+        cache / f".store-0123abcd.tmp-{host}-{dead}",
+        cache / f".store-0123abcd.old-{host}-{dead}",
+        cache / f".work-{host}-{dead}.k2j4_x9a",
+    ]
+    kept = [
+        cache / f".store-0123abcd.tmp-{host}-{os.getpid()}",  # a build in progress
+        cache / f".store-0123abcd.tmp-another-node-{dead}",  # another host's: not ours to judge
+    ]
+    for folder in left + kept:
+        (folder / "part").mkdir(parents=True)
+    text_store([write_corpus(tmp_path, "txt")], cache)
+    assert [f for f in left if f.exists()] == []
+    assert all(f.exists() for f in kept)
+    assert not list(cache.glob(f".work-{host}-{os.getpid()}.*")), "this run's work folder stayed"
 
 
 # -- bad input -----------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Byte-level language modelling on one text file: UTF-8 bytes are the tokens, nothing to train."""
+"""Byte-level language modelling on one text file: UTF-8 bytes are the tokens, nothing to train,
+read from the file as rows are drawn, so that a file of any size trains in the same memory."""
 
 import logging
 from pathlib import Path
@@ -14,27 +15,35 @@ from src.data.splits import check_fractions, check_loader_options
 from src.data.tokenizers import ByteTokenizer, tokenizer_from_state, tokenizer_state
 from src.utils.contracts import TOKENS
 from src.utils.errors import ConfigError, DataError, MissingFileError
+from src.utils.files import PositionalReader
 
 log = logging.getLogger(__name__)
 
 
 class TokenWindows(Dataset):
-    """Consecutive, non-overlapping windows of a token stream, as next-token examples.
+    """Consecutive, non-overlapping windows of the token stream [begin, end) of a text file: its
+    UTF-8 bytes, then the end-of-text token. Read from the file on demand, never held.
 
-    Example i covers tokens [i*T, (i+1)*T]: `input_ids` are its first T tokens and `labels`
-    its last T, already shifted, so labels[t] is the target at position t.
+    Example i covers tokens [begin + i*T, begin + (i+1)*T]: `input_ids` are its first T tokens
+    and `labels` its last T, already shifted, so labels[t] is the target at position t.
     """
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int):
-        self.tokens = tokens
+    def __init__(self, path: Path, begin: int, end: int, seq_len: int):
+        self.file = PositionalReader(path)
+        self.size = path.stat().st_size  # the stream is one token longer: the end-of-text
+        self.begin, self.end = begin, end
         self.seq_len = seq_len
 
     def __len__(self) -> int:
-        return max(0, (len(self.tokens) - 1) // self.seq_len)
+        return max(0, (self.end - self.begin - 1) // self.seq_len)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        start = index * self.seq_len
-        window = self.tokens[start : start + self.seq_len + 1]
+        start = self.begin + index * self.seq_len
+        stop = start + self.seq_len + 1
+        window = torch.frombuffer(bytearray(self.file.read(start, stop - start)), dtype=torch.uint8)
+        window = window.long()
+        if stop > self.size:  # the window ends with the end-of-text token
+            window = torch.cat((window, torch.tensor([ByteTokenizer.eos_token_id])))
         return {"input_ids": window[:-1], "labels": window[1:]}
 
 
@@ -89,25 +98,19 @@ class ByteTextDataModule(SplitLoaders, LightningDataModule):
             return
         if not self.path.is_file():
             raise MissingFileError(f"data.path={str(self.path)!r} is not a file")
-        raw = bytearray(self.path.read_bytes())
-        tokens = torch.cat(
-            (
-                torch.frombuffer(raw, dtype=torch.uint8).long(),
-                torch.tensor([ByteTokenizer.eos_token_id]),
-            )
-        )
-        val_start = int(len(tokens) * (1 - self.fractions["val"] - self.fractions["test"]))
-        test_start = int(len(tokens) * (1 - self.fractions["test"]))
+        length = self.path.stat().st_size + 1  # the bytes, then the end-of-text token
+        val_start = int(length * (1 - self.fractions["val"] - self.fractions["test"]))
+        test_start = int(length * (1 - self.fractions["test"]))
         bounds = {
             "train": (0, val_start),
             "val": (val_start, test_start),
-            "test": (test_start, None),
+            "test": (test_start, length),
         }
         for split, (start, end) in bounds.items():
-            self.datasets[split] = TokenWindows(tokens[start:end], self.max_seq_len)
+            self.datasets[split] = TokenWindows(self.path, start, end, self.max_seq_len)
             if split != "test" and not len(self.datasets[split]):
                 raise DataError(
-                    f"The {split} split of {self.path} ({len(tokens[start:end])} bytes) is "
+                    f"The {split} split of {self.path} ({end - start} bytes) is "
                     f"shorter than one row of max_seq_len + 1 = {self.max_seq_len + 1} tokens"
                 )
 

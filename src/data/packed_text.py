@@ -13,7 +13,6 @@ rows in, `input_ids` and, with `has_targets`, `targets` list columns out).
 import hashlib
 import logging
 import os
-import socket
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -31,12 +30,12 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.collate import collate_rows
 from src.data.encoding import flat_column
-from src.data.packing import Rows, TokenAccounting, fit_to_length, pack
-from src.data.readers import content_fingerprint
+from src.data.packing import Rows, TokenAccounting, compact, fit_to_length, pack
+from src.data.readers import content_fingerprint, separately_mapped_parts
 from src.data.rows import BucketedBatches, PackedRows
 from src.data.sampler import SplitLoaders, resumable_loader
 from src.data.splits import check_fractions, check_loader_options
-from src.data.token_store import StoreWriter, TokenStore, load_or_build
+from src.data.token_store import StoreWriter, TokenStore, builder_name, load_or_build
 from src.data.tokenizers import build_tokenizer, tokenizer_from_state, tokenizer_state
 from src.utils.contracts import TOKENS
 from src.utils.errors import CheckpointError, ConfigError, DataError
@@ -175,7 +174,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         files = self.source_files()
         source = f"{type(self).__name__}|{content_fingerprint(files)}|{self.source_options()}"
         folder = self._store_folder()
-        with TemporaryDirectory(dir=folder, prefix=f".work-{socket.gethostname()}-") as work:
+        with TemporaryDirectory(dir=folder, prefix=f".work-{builder_name()}.") as work:
             corpus = cache(partial(self.read_corpus, files, Path(work)))
             if self.tokenizer is None:
                 self.tokenizer = build_tokenizer(
@@ -213,27 +212,35 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         further: keyed by content, checked against its manifest when opened, smallest dtype,
         and read with numpy alone; `map` runs in a work folder deleted once the store is
         written, so the corpus is not kept tokenised twice. Its output files are read batch by
-        batch rather than mapped, so that copying them does not leave them all resident.
+        batch rather than mapped, and `.txt` corpora are tokenised a part at a time, so that
+        neither leaves the corpus resident.
         """
+        writer = StoreWriter(staging, key, self.tokenizer.vocab_size, self.has_targets)
+        for number, part in enumerate(separately_mapped_parts(corpus)):
+            for batch in self._tokenised(part, f"{key}-{number}"):
+                tokens, lengths = flat_column(batch.column("input_ids"))
+                targets = flat_column(batch.column("targets"))[0] if self.has_targets else None
+                writer.add(tokens, lengths, targets)
+        writer.finish(tokenizer=self.tokenizer.fingerprint)
+        log.info("Tokenised %d documents into %s", len(corpus), staging.parent)
+
+    def _tokenised(self, part: datasets.Dataset, fingerprint: str) -> Iterator[pa.RecordBatch]:
+        """The record batches `Dataset.map` writes for `part`, in row order, each file deleted
+        once read (the store keeps the tokens)."""
         cheap = self.tokenising_is_cheap()
-        workers = 1 if cheap else min(self.num_proc, len(corpus) // ROWS_PER_WORKER)
-        tokenized = corpus.with_format("arrow").map(
+        workers = 1 if cheap else min(self.num_proc, len(part) // ROWS_PER_WORKER)
+        tokenized = part.with_format("arrow").map(
             self.encoder(),
             batched=True,
             with_indices=True,
             num_proc=workers if workers > 1 else None,
-            remove_columns=corpus.column_names,
-            new_fingerprint=key,
+            remove_columns=part.column_names,
+            new_fingerprint=fingerprint,
         )
-        writer = StoreWriter(staging, key, self.tokenizer.vocab_size, self.has_targets)
-        for cache_file in tokenized.cache_files:  # in row order
+        for cache_file in tokenized.cache_files:
             with pa.OSFile(cache_file["filename"]) as source:
-                for batch in pa.ipc.open_stream(source):
-                    tokens, lengths = flat_column(batch.column("input_ids"))
-                    targets = flat_column(batch.column("targets"))[0] if self.has_targets else None
-                    writer.add(tokens, lengths, targets)
-        writer.finish(tokenizer=self.tokenizer.fingerprint)
-        log.info("Tokenised %d documents into %s", len(corpus), staging.parent)
+                yield from pa.ipc.open_stream(source)
+            os.remove(cache_file["filename"])
 
     # -- setup -------------------------------------------------------------------------------
 
@@ -268,7 +275,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
                 f"{count} documents are too few for a train/val/test split with fractions "
                 f"{self.fractions}; add text or change data.document_split"
             )
-        order = order.numpy()
+        order = compact(order.numpy())
         return {
             "train": np.sort(order[val + test :]),
             "val": np.sort(order[:val]),

@@ -46,9 +46,22 @@ class Sample:
         return len(self.tokens)
 
 
+def index_dtype(largest: int) -> np.dtype:
+    """int32 for non-negative integers up to `largest` when it fits, else int64: the index
+    arrays of a corpus of millions of documents then take half the memory."""
+    return np.dtype(np.int32 if largest < 2**31 else np.int64)
+
+
+def compact(values: np.ndarray) -> np.ndarray:
+    """Non-negative integers in `index_dtype`."""
+    values = np.asarray(values)
+    return values.astype(index_dtype(int(values.max()) if len(values) else 0), copy=False)
+
+
 def _lengths_array(values=()) -> array.array:
-    """A compact int64 sequence (8 bytes a sample), plain to whoever plots it."""
-    return array.array("q", np.asarray(values, dtype=np.int64).tobytes())
+    """A compact sequence of lengths (4 bytes a sample), plain to whoever plots it."""
+    values = compact(np.asarray(values, dtype=np.int64))
+    return array.array("i" if values.dtype == np.int32 else "q", values.tobytes())
 
 
 @dataclass
@@ -80,9 +93,9 @@ class Pieces:
     `sample[i]`. `continued`: pieces of one sample continue each other (the `split` policy),
     so each but the last has the next piece's first token as its last target."""
 
-    sample: np.ndarray  # int64
-    start: np.ndarray  # int64
-    length: np.ndarray  # int64
+    sample: np.ndarray  # int32 or int64 (see `compact`)
+    start: np.ndarray
+    length: np.ndarray
     continued: bool = False
 
     def __len__(self) -> int:
@@ -119,14 +132,12 @@ def fit_to_length(
     keep = (lengths > 0) & ~over if policy == "drop" else lengths > 0
     samples = np.flatnonzero(keep)
     if policy == "split":
-        counts = -(-lengths[samples] // max_len)
-        sample = np.repeat(samples, counts)
-        first_piece = np.repeat(np.cumsum(counts) - counts, counts)
-        start = (np.arange(len(sample)) - first_piece) * max_len
-        pieces = Pieces(sample, start, np.minimum(max_len, lengths[sample] - start), True)
+        pieces = _split(lengths[samples], compact(samples), max_len)
         accounting.samples_split = int(over.sum())
     else:
-        pieces = Pieces(samples, np.zeros_like(samples), np.minimum(lengths[samples], max_len))
+        samples = compact(samples)
+        length = compact(np.minimum(lengths[samples], max_len))
+        pieces = Pieces(samples, np.zeros_like(samples), length)
         if policy == "drop":
             accounting.dropped = int(lengths[over].sum())
             accounting.samples_dropped = int(over.sum())
@@ -138,12 +149,28 @@ def fit_to_length(
     return pieces, accounting
 
 
+def _split(lengths: np.ndarray, samples: np.ndarray, max_len: int) -> Pieces:
+    """The pieces of at most `max_len` tokens that cut each of `samples` (`lengths` long),
+    computed in place in compact dtypes: a corpus has millions of pieces."""
+    counts = -(-lengths // max_len)
+    ends = np.cumsum(counts)  # one past each sample's last piece
+    first = np.repeat(compact(ends - counts), counts)
+    start = np.arange(len(first), dtype=first.dtype)
+    start -= first  # the piece's number within its sample
+    del first
+    start = start.astype(index_dtype(int(lengths.max(initial=0))), copy=False)
+    start *= max_len
+    length = np.full(len(start), max_len, dtype=np.int32)
+    length[ends - 1] = lengths - (counts - 1) * max_len  # each sample's last piece
+    return Pieces(np.repeat(samples, counts), start, length, continued=True)
+
+
 @dataclass(frozen=True)
 class Rows:
     """Row i holds the items `order[offsets[i]:offsets[i + 1]]`, in that order."""
 
-    order: np.ndarray  # int64
-    offsets: np.ndarray  # int64, one more than there are rows
+    order: np.ndarray  # int32 or int64 (see `compact`)
+    offsets: np.ndarray  # one more than there are rows
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -161,7 +188,7 @@ class Rows:
 
     @classmethod
     def one_per_row(cls, count: int) -> "Rows":
-        return cls(np.arange(count), np.arange(count + 1))
+        return cls(compact(np.arange(count)), compact(np.arange(count + 1)))
 
 
 def pack(lengths: np.ndarray, capacity: int, strategy: str = "best_fit") -> Rows:
@@ -173,9 +200,10 @@ def pack(lengths: np.ndarray, capacity: int, strategy: str = "best_fit") -> Rows
     Both are deterministic: equal inputs give equal rows. Ties go to the earlier item and to
     the row opened first.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = np.asarray(lengths)
     if len(lengths) and (lengths.max() > capacity or lengths.min() < 1):
         raise ValueError(f"every length must be in [1, {capacity}] before packing")
+    lengths = lengths.astype(index_dtype(capacity), copy=False)
     if strategy == "best_fit":
         return _best_fit_decreasing(lengths, capacity)
     if strategy == "greedy":
@@ -224,8 +252,8 @@ def _best_fit_decreasing(lengths: np.ndarray, capacity: int) -> Rows:
     order, each as many as it holds, and what is left opens new rows. This places every item
     where the one-at-a-time algorithm would, in O(n log n) and a loop over distinct lengths
     and free sizes rather than over items."""
-    order = np.argsort(-lengths, kind="stable")  # longest first, ties by index
-    row_of = np.empty(len(order), dtype=np.int64)  # of the items in `order`
+    order = compact(np.argsort(-lengths, kind="stable"))  # longest first, ties by index
+    row_of = np.empty(len(order), dtype=order.dtype)  # of the items in `order`; rows <= items
     open_rows, row_count = _OpenRows(), 0
     sorted_lengths = lengths[order]
     group_starts = np.flatnonzero(np.diff(sorted_lengths, prepend=-1))
@@ -247,9 +275,10 @@ def _best_fit_decreasing(lengths: np.ndarray, capacity: int) -> Rows:
             last = placed - (len(rows) - 1) * per_row  # items in the last row taken
             open_rows.add(free - per_row * length, rows[:-1])
             open_rows.add(free - last * length, rows[-1:])
+    del sorted_lengths
     by_row = np.argsort(row_of, kind="stable")  # rows keep their items in placement order
     offsets = np.concatenate(([0], np.cumsum(np.bincount(row_of, minlength=row_count))))
-    return Rows(order[by_row], offsets)
+    return Rows(compact(order[by_row]), compact(offsets))
 
 
 def _greedy(lengths: np.ndarray, capacity: int) -> Rows:
@@ -261,4 +290,4 @@ def _greedy(lengths: np.ndarray, capacity: int) -> Rows:
     while index < len(lengths):
         index = int(next_start[index])
         starts.append(index)
-    return Rows(np.arange(len(lengths)), np.frombuffer(starts, dtype=np.int64))
+    return Rows(compact(np.arange(len(lengths))), compact(np.frombuffer(starts, dtype=np.int64)))

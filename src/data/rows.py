@@ -34,15 +34,20 @@ class PackedRows(Dataset):
         start = int(pieces.start[index])
         begin = int(store.offsets[document]) + start
         end = begin + int(pieces.length[index])
-        tokens = torch.from_numpy(store.tokens[begin:end].astype(np.int64))
-        if store.targets is None:
+        continues = pieces.continued and end < store.offsets[document + 1]
+        # A continued piece reads one token more: the next piece's first, its last target.
+        tokens, targets = store.read(begin, end + int(continues))
+        tokens = torch.from_numpy(tokens.astype(np.int64))
+        if targets is None:
             targets = torch.ones(len(tokens), dtype=torch.bool)
         else:
-            targets = torch.from_numpy(store.targets[begin:end] != 0)
-        continues = pieces.continued and end < store.offsets[document + 1]
-        if continues and (store.targets is None or store.targets[end]):
-            return Sample(tokens, targets, start, int(store.tokens[end]))
-        return Sample(tokens, targets, start, IGNORE_INDEX)
+            targets = torch.from_numpy(targets != 0)
+        next_token = IGNORE_INDEX
+        if continues:
+            if targets[-1]:
+                next_token = int(tokens[-1])
+            tokens, targets = tokens[:-1], targets[:-1]
+        return Sample(tokens, targets, start, next_token)
 
     @property
     def samples(self) -> "PieceList":

@@ -6,32 +6,35 @@ A store is a folder `store-<key>` holding
 - `tokens.bin`: the ids, in the smallest unsigned dtype that holds the vocabulary;
 - `offsets.bin`: int64, document i is tokens[offsets[i]:offsets[i + 1]];
 - `targets.bin` (SFT only): uint8, 1 where a token is a training target;
-- `manifest.json`: the key, the dtype, the counts and each file's size and CRC-32.
+- `manifest.json`: the key, the dtype, the counts and each file's size and xxh3-64 checksum.
 
-Readers map the files and never copy them, so a run holds no token in Python objects. A store
-is built in a staging folder and renamed into place once complete, so readers see a whole
-store or none; on opening, every size and checksum is compared with the manifest, and a store
-that does not match (truncated, corrupt, or another key's) is rebuilt rather than read.
+Readers map the files and never copy them, so a run holds no token in Python objects; training
+rows are read by position (`TokenStore.read`). A store is built in a staging folder and renamed into
+place once complete, so readers see a whole store or none; on opening, every size and checksum
+is compared with the manifest, and a store that does not match (truncated, corrupt, or another
+key's) is rebuilt rather than read. Staging folders left by killed builders on this host are
+removed by the next build.
 """
 
 import errno
 import json
 import logging
 import os
+import re
 import shutil
 import socket
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import xxhash
 
 from src.utils.errors import DataError
-from src.utils.files import fsync_folder, write_atomically
+from src.utils.files import PositionalReader, fsync_folder, is_alive, write_atomically
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: xxh3-64 checksums instead of CRC-32
 CHUNK_BYTES = 16 << 20
 
 
@@ -56,6 +59,7 @@ class TokenStore:
         self.tokens = _map(folder / "tokens.bin", manifest["dtype"])
         self.offsets = _map(folder / "offsets.bin", "int64")
         self.targets = _map(folder / "targets.bin", "uint8") if manifest["has_targets"] else None
+        self._readers: dict[str, PositionalReader] = {}
 
     @classmethod
     def open(cls, folder: Path, key: str) -> "TokenStore":
@@ -71,7 +75,7 @@ class TokenStore:
                 path = folder / name
                 if not path.is_file() or path.stat().st_size != expected["bytes"]:
                     raise StoreMismatch(f"{name} is not {expected['bytes']} bytes long")
-                if _crc32(path) != expected["crc32"]:
+                if _checksum(path) != expected["xxh3_64"]:
                     raise StoreMismatch(f"{name} does not match its checksum")
             return cls(folder, manifest)
         except (KeyError, TypeError, AttributeError) as error:
@@ -84,6 +88,27 @@ class TokenStore:
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 
+    def read(self, begin: int, end: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Tokens [begin, end) and their target flags (None without targets), read from the
+        files rather than through the maps (see `PositionalReader`)."""
+        tokens = self._read("tokens.bin", begin, end, self.tokens.dtype)
+        if self.targets is None:
+            return tokens, None
+        return tokens, self._read("targets.bin", begin, end, self.targets.dtype)
+
+    def _read(self, name: str, begin: int, end: int, dtype: np.dtype) -> np.ndarray:
+        if name not in self._readers:
+            self._readers[name] = PositionalReader(self.folder / name)
+        data = self._readers[name].read(begin * dtype.itemsize, (end - begin) * dtype.itemsize)
+        return np.frombuffer(data, dtype=dtype)
+
+    def __getstate__(self) -> dict:
+        """A spawned worker maps the folder again rather than receiving copies of the maps."""
+        return {"folder": self.folder, "manifest": self.manifest}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["folder"], state["manifest"])
+
 
 class StoreWriter:
     """Appends documents to the files of a new store in `folder`, then writes its manifest."""
@@ -95,7 +120,7 @@ class StoreWriter:
         self.files = {"tokens.bin": (folder / "tokens.bin").open("wb")}
         if has_targets:
             self.files["targets.bin"] = (folder / "targets.bin").open("wb")
-        self.checksums = dict.fromkeys([*self.files, "offsets.bin"], 0)
+        self.checksums = {name: xxhash.xxh3_64() for name in [*self.files, "offsets.bin"]}
         self.lengths: list[np.ndarray] = []  # one small array per batch of documents
 
     def add(self, tokens: np.ndarray, lengths: np.ndarray, targets: np.ndarray | None = None):
@@ -116,7 +141,7 @@ class StoreWriter:
             os.fsync(file.fileno())
             file.close()
             size = (self.folder / name).stat().st_size
-            files[name] = {"bytes": size, "crc32": self.checksums[name]}
+            files[name] = {"bytes": size, "xxh3_64": self.checksums[name].hexdigest()}
         manifest = {
             "format": FORMAT_VERSION,
             "key": self.key,
@@ -132,7 +157,7 @@ class StoreWriter:
     def _write(self, name: str, array: np.ndarray) -> None:
         data = np.ascontiguousarray(array).data
         self.files[name].write(data)
-        self.checksums[name] = zlib.crc32(data, self.checksums[name])
+        self.checksums[name].update(data)
 
 
 def load_or_build(
@@ -144,13 +169,14 @@ def load_or_build(
     building leaves every existing store as it was.
     """
     folder = cache_dir / f"store-{key}"
+    remove_stale_staging(cache_dir)
     if folder.exists():
         try:
             return TokenStore.open(folder, key)
         except StoreMismatch as reason:
             log.warning("The token store %s is unusable (%s): building it again", folder, reason)
     cache_dir.mkdir(parents=True, exist_ok=True)
-    builder = f"{socket.gethostname()}-{os.getpid()}"  # nodes may share the cache folder
+    builder = builder_name()
     staging = cache_dir / f".store-{key}.tmp-{builder}"
     shutil.rmtree(staging, ignore_errors=True)
     try:
@@ -173,15 +199,33 @@ def load_or_build(
     return TokenStore.open(folder, key)
 
 
+def builder_name() -> str:
+    """This process on this host: the suffix of the staging folders it writes (nodes may share
+    the cache folder)."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def remove_stale_staging(cache_dir: Path) -> None:
+    """Remove the staging and work folders that builders on this host left when they were
+    killed: those whose process is gone. Other hosts' folders are left alone."""
+    host = re.escape(socket.gethostname())
+    pattern = re.compile(rf"\.(?:store-\w+\.(?:tmp|old)|work)-{host}-(\d+)(?:\..*)?")
+    for entry in cache_dir.iterdir() if cache_dir.is_dir() else ():
+        match = pattern.fullmatch(entry.name)
+        if match and not is_alive(match.group(1)):
+            log.info("Removing %s, left by a killed build", entry)
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 def _map(path: Path, dtype: str) -> np.ndarray:
     if path.stat().st_size == 0:  # numpy cannot map an empty file
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r")
 
 
-def _crc32(path: Path) -> int:
-    checksum = 0
-    with path.open("rb") as file:
-        while chunk := file.read(CHUNK_BYTES):
-            checksum = zlib.crc32(chunk, checksum)
-    return checksum
+def _checksum(path: Path) -> str:
+    digest, buffer = xxhash.xxh3_64(), bytearray(CHUNK_BYTES)
+    with path.open("rb", buffering=0) as file:
+        while count := file.readinto(buffer):
+            digest.update(memoryview(buffer)[:count])
+    return digest.hexdigest()

@@ -1,4 +1,5 @@
-"""Files that never half-exist: written beside their final path, flushed, renamed into place."""
+"""Files that never half-exist: written beside their final path, flushed, renamed into place;
+and files read by position, without a map."""
 
 import errno
 import logging
@@ -99,3 +100,32 @@ def copy_into(source: Path, file: BinaryIO) -> None:
     """Copy the bytes of `source` into the open binary `file`."""
     with source.open("rb") as original:
         shutil.copyfileobj(original, file)
+
+
+class PositionalReader:
+    """Byte ranges of a file read with `os.pread`, through a descriptor each process opens once
+    (a forked data-loader worker opens its own); pickled as its path.
+
+    Rather than a memory map: a mapped page counts in the process's resident memory once
+    touched, with the kernel's read-ahead around it, and the random rows of an epoch touch
+    every page, so a long run would end up holding the whole file. Read, the pages stay in the
+    page cache, shared and dropped by the kernel as it needs.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._descriptors: dict[int, int] = {}  # process id -> descriptor
+
+    def read(self, offset: int, size: int) -> bytes:
+        descriptor = self._descriptors.get(os.getpid())
+        if descriptor is None:
+            descriptor = self._descriptors[os.getpid()] = os.open(self.path, os.O_RDONLY)
+        return os.pread(descriptor, size, offset)
+
+    def __getstate__(self) -> dict:
+        return {"path": self.path, "_descriptors": {}}
+
+    def __del__(self) -> None:
+        descriptor = getattr(self, "_descriptors", {}).pop(os.getpid(), None)
+        if descriptor is not None:
+            os.close(descriptor)

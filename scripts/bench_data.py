@@ -226,6 +226,10 @@ def measure(spec: dict) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def size_label(megabytes: float) -> str:
+    return f"{megabytes / 1000:.3g} GB" if megabytes >= 1000 else f"{megabytes:.3g} MB"
+
+
 def rss(result: dict) -> str:
     """Peak RSS, in brackets how far above the baseline its imports left, then the largest
     worker's peak (when there were workers)."""
@@ -261,7 +265,7 @@ def run(args: argparse.Namespace, work: Path) -> list[dict[str, str]]:
             prepare, anchor_run, trained = results["prepare"], results["anchor"], results["train"]
             rows.append(
                 {
-                    "size": f"{megabytes:.3g} MB",
+                    "size": size_label(megabytes),
                     "tokenizer": name,
                     "prepare s": f"{prepare['seconds']:.1f}",
                     "MB/s": f"{megabytes / prepare['seconds']:.1f}",

@@ -287,6 +287,14 @@ def test_invalid_json_is_named_with_its_file_and_line(tmp_path):
         text_store([path], tmp_path / "cache")
 
 
+def test_a_file_that_is_not_parquet_is_named_among_the_shards(tmp_path):
+    write_corpus(tmp_path / "shards", "parquet")
+    (tmp_path / "shards" / "broken.parquet").write_bytes(b"PAR1 and then nothing useful")
+    with pytest.raises(DataError, match=r"broken\.parquet is not a Parquet file") as error:
+        text_store([tmp_path / "shards"], tmp_path / "cache")
+    assert "corpus.parquet" not in str(error.value)
+
+
 def test_an_empty_corpus_and_a_missing_path_are_refused(tmp_path):
     path = tmp_path / "empty.txt"
     path.write_text("\n \n\n")

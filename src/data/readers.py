@@ -15,6 +15,7 @@ from pathlib import Path
 import datasets
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import xxhash
 
 from src.utils.errors import DataError, MissingFileError
@@ -24,7 +25,8 @@ CHUNK_BYTES = 4 << 20
 PART_BYTES = 64 << 20  # text per Arrow file of a `.txt` corpus
 
 datasets.disable_progress_bars()
-datasets.logging.set_verbosity_error()  # its failures reach the user as our one-line errors
+# Its failures reach the user as our one-line errors, not as its log lines.
+datasets.logging.set_verbosity(datasets.logging.CRITICAL)
 
 
 def resolve_files(paths: list[str], key: str = "data.paths") -> list[Path]:
@@ -181,9 +183,9 @@ def read_records(files: list[Path], kind: str, work_dir: Path) -> datasets.Datas
             kind, data_files=[str(p) for p in files], split="train", cache_dir=str(work_dir)
         )
     except Exception as error:
-        if kind == "json":
-            for path in files:
-                _check_json_lines(path)
+        check = _check_json_lines if kind == "json" else _check_parquet
+        for path in files:
+            check(path)
         cause = error.__cause__ or error
         raise DataError(f"{[str(p) for p in files]} cannot be read as {kind}: {cause}") from None
 
@@ -204,6 +206,23 @@ def _check_json_lines(path: Path) -> None:
                 ) from None
             if not isinstance(record, dict):
                 raise DataError(f"{path}, line {number} is not a JSON object: {line[:80]!r}")
+
+
+def _check_parquet(path: Path) -> None:
+    """Raise a DataError naming `path` when it is not a Parquet file or a row group of it does
+    not decode, with the row group's first row."""
+    try:
+        file = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as error:
+        raise DataError(f"{path} is not a Parquet file ({error})") from None
+    row = 0
+    for group in range(file.num_row_groups):
+        try:
+            file.read_row_group(group)
+        except (pa.ArrowException, OSError) as error:
+            message = f"{path}, rows from {row + 1}: not readable Parquet ({error})"
+            raise DataError(message) from None
+        row += file.metadata.row_group(group).num_rows
 
 
 def _has_text(table: pa.Table) -> pa.Array:

@@ -250,6 +250,16 @@ CASES = {
         ConfigError,
         ["trainer: ", "refuses this config", "You passed in -5"],
     ),
+    "no batches per optimizer step": (
+        lambda tmp_path: ["trainer.accumulate_grad_batches=0"],
+        ConfigError,
+        ["trainer.accumulate_grad_batches=0: it counts batches per optimizer step", "at least 1"],
+    ),
+    "a step schedule that never steps": (
+        lambda tmp_path: ["scheduler=step", "scheduler.scheduler.step_size=0"],
+        ConfigError,
+        ["scheduler.scheduler.step_size=0", "must be at least 1"],
+    ),
     "language model on image data": (
         lambda tmp_path: TINY_LM,
         ConfigError,

@@ -30,6 +30,7 @@ def check_config_types(cfg: DictConfig, path: str = "") -> None:
         check_model_fits_data(cfg)
         check_required_values(cfg)
         check_optimizer_values(cfg)
+        check_positive_counts(cfg)
         check_adapter_model(cfg)
     for key, node in _items(cfg):
         child_path = f"{path}.{key}" if path else str(key)
@@ -130,6 +131,22 @@ def check_optimizer_values(cfg: DictConfig) -> None:
         ) from None
     except Exception:  # noqa: BLE001 - anything else is the run's to report
         return
+
+
+# Counts that Lightning and torch divide by without checking them first: 0 would end in a
+# ZeroDivisionError from inside the run.
+POSITIVE_COUNTS = {
+    "trainer.accumulate_grad_batches": "batches per optimizer step",
+    "scheduler.scheduler.step_size": "epochs (or steps) between learning-rate decays",
+}
+
+
+def check_positive_counts(cfg: DictConfig) -> None:
+    """Raise ConfigError for a count in `POSITIVE_COUNTS` below 1."""
+    for key, counts in POSITIVE_COUNTS.items():
+        value = OmegaConf.select(cfg, key, default=None)
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ConfigError(f"{key}={value}: it counts {counts}, so it must be at least 1")
 
 
 def check_adapter_model(cfg: DictConfig) -> None:

@@ -5,7 +5,7 @@ import csv
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from torchmetrics.classification import MulticlassConfusionMatrix
 
 from src.callbacks.plots import save_figure
+from src.utils.contracts import HasTestConfusionMatrix, NamesClasses
 
 log = logging.getLogger(__name__)
 
@@ -21,20 +22,6 @@ log = logging.getLogger(__name__)
 # they would overlap.
 NUMBERED_CLASSES = 16
 LABELLED_CLASSES = 60
-
-
-@runtime_checkable
-class HasTestConfusionMatrix(Protocol):
-    """A classifier whose test loop fills a confusion matrix (rows: true, columns: predicted)."""
-
-    test_confusion_matrix: MulticlassConfusionMatrix
-
-
-@runtime_checkable
-class NamesClasses(Protocol):
-    """A datamodule that may know the names behind its label indices (None when it does not)."""
-
-    class_names: list[str] | None
 
 
 @dataclass(frozen=True)

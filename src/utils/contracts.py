@@ -85,3 +85,18 @@ class ReportsTokenAccounting(Protocol):
     accounting: Mapping[str, Any]  # split -> src.data.packing.TokenAccounting
 
     def packing_metrics(self) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class HasTestConfusionMatrix(Protocol):
+    """A classifier whose test loop fills a confusion matrix (rows: true, columns: predicted:
+    a torchmetrics `MulticlassConfusionMatrix`)."""
+
+    test_confusion_matrix: Any
+
+
+@runtime_checkable
+class NamesClasses(Protocol):
+    """A datamodule that may know the names behind its label indices (None when it does not)."""
+
+    class_names: list[str] | None

@@ -288,10 +288,13 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         return pack(lengths, self.max_seq_len, self.packing_strategy)
 
     def packing_metrics(self) -> dict[str, float]:
-        """Rows, padding fraction and documents per row of the training split as batched: packed
-        rows are `max_seq_len` slots; padded rows as long as their batch's longest."""
+        """Rows, padding fraction and documents per row of the training split as batched."""
         dataset = self.datasets["train"]
-        lengths = dataset.row_lengths()
+        return self.row_metrics(dataset.row_lengths(), len(dataset.pieces))
+
+    def row_metrics(self, lengths: np.ndarray, samples: int) -> dict[str, float]:
+        """The packing metrics of rows holding `lengths` real tokens and `samples` samples in
+        all: packed rows are `max_seq_len` slots; padded rows as long as their batch's longest."""
         if self.packing:
             slots = len(lengths) * self.max_seq_len
         else:  # padded in consecutive batches of this many rows (the shuffle changes little)
@@ -301,7 +304,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         return {
             "data/rows": len(lengths),
             "data/padding_fraction": 1 - int(lengths.sum()) / max(1, slots),
-            "data/documents_per_row": len(dataset.pieces) / max(1, len(lengths)),
+            "data/documents_per_row": samples / max(1, len(lengths)),
         }
 
     def _log_summary(self) -> None:

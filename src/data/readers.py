@@ -108,7 +108,7 @@ def read_text_files(
     paths, writer, written = [], None, PART_BYTES
     try:
         for path in files:
-            for documents in _text_documents(path, separator):
+            for documents in text_documents(path, separator):
                 if written >= PART_BYTES:
                     if writer is not None:
                         writer.close()
@@ -150,7 +150,7 @@ def _is_concatenation_of(corpus: datasets.Dataset, files: list[str]) -> bool:
     return rows == len(corpus)
 
 
-def _text_documents(path: Path, separator: re.Pattern | None) -> Iterator[list[str]]:
+def text_documents(path: Path, separator: re.Pattern | None) -> Iterator[list[str]]:
     """The stripped, non-empty documents of one file, a chunk of the file at a time: the text
     after a chunk's last separator is carried into the next chunk."""
     decoder = codecs.getincrementaldecoder("utf-8")()

@@ -1,0 +1,327 @@
+"""`data.streaming=true`: training documents read lazily from local shards, split across ranks
+and workers, packed online, served with the store's samples and metadata, resumed exactly."""
+
+import gc
+import json
+from collections import Counter
+from functools import partial
+from types import SimpleNamespace
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from src.data.collate import collate_rows
+from src.data.packing import fit_to_length
+from src.data.rows import PackedRows
+from src.data.streaming import StreamedRows
+from src.data.text import TextDataModule, encode_documents
+from src.data.tokenizers import ByteTokenizer
+from src.utils.errors import ConfigError, DataError, user_message
+from tests.helpers import (
+    FAST,
+    TINY_LM,
+    assert_same_tensors,
+    compose_config,
+    final_state,
+    killed_run,
+)
+from train import train
+
+TOKENIZER = ByteTokenizer()
+COLLATE = partial(collate_rows, pad_id=TOKENIZER.pad_token_id, row_length=48)
+
+
+def document(number: int) -> str:
+    """Document `number`: its number first, then 0 to 60 words (some longer than a row)."""
+    return f"doc{number:04d} " + " ".join(["word"] * ((number * 7) % 61))
+
+
+def write_shards(folder, count: int, per_shard: int, column: str = "text") -> list:
+    """`count` Parquet shards of `per_shard` numbered documents each, shard s holding
+    documents s * per_shard onwards."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for shard in range(count):
+        numbers = range(shard * per_shard, (shard + 1) * per_shard)
+        paths.append(folder / f"part-{shard:02d}.parquet")
+        pq.write_table(pa.table({column: [document(n) for n in numbers]}), paths[-1])
+    return paths
+
+
+def stream(files, **options) -> StreamedRows:
+    values = dict(
+        separator=None,
+        text_field="text",
+        encoder=partial(encode_documents, tokenizer=TOKENIZER),
+        max_seq_len=48,
+        overlong="split",
+        packing=True,
+        packing_strategy="best_fit",
+        buffer_documents=7,
+        seed=3,
+    )
+    return StreamedRows(files, **(values | options))
+
+
+def document_numbers(rows) -> list[int]:
+    """The numbers of the documents whose first pieces the rows hold."""
+    numbers = []
+    for row in rows:
+        for sample in row:
+            if sample.position_offset == 0:
+                numbers.append(int(TOKENIZER.decode(sample.tokens[:7].tolist())[3:]))
+    return numbers
+
+
+def batches(loader, count: int) -> list[dict]:
+    iterator = iter(loader)
+    return [next(iterator) for _ in range(count)]
+
+
+@pytest.mark.parametrize("shards", [8, 7])
+def test_two_ranks_by_two_workers_see_every_document_of_a_pass_exactly_once(tmp_path, shards):
+    """7 shards do not split over 2 ranks: each reads every file and keeps every other document."""
+    files = write_shards(tmp_path / "shards", shards, per_shard=9)
+    seen = {}
+    for rank in (0, 1):
+        rows = stream(files, rank=rank, world_size=2, passes=1)
+        loader = torch.utils.data.DataLoader(
+            rows, batch_size=None, num_workers=2, collate_fn=lambda row: row
+        )
+        seen[rank] = document_numbers(loader)
+    counts = Counter(seen[0] + seen[1])
+    assert sorted(counts) == list(range(shards * 9))
+    assert set(counts.values()) == {1}
+    assert seen[0] and seen[1]
+
+
+def test_every_rank_keeps_yielding_batches_after_its_pass_ends(tmp_path):
+    """Rank 0's shards hold 4 documents, rank 1's 40: the stream is endless, so both yield the
+    batches asked of them, rank 0 reading its documents again in later passes."""
+    small, large = write_shards(tmp_path / "a", 1, 4), write_shards(tmp_path / "b", 1, 40)
+    for rank in (0, 1):
+        loader = StatefulDataLoader(
+            stream([small[0], large[0]], rank=rank, world_size=2), batch_size=2, collate_fn=COLLATE
+        )
+        assert len(batches(loader, 30)) == 30
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stream_resumed_from_its_loader_state_yields_the_uninterrupted_batches(
+    tmp_path, num_workers
+):
+    """Stopped inside a buffer (after 23 batches: one worker in its first pass over the files,
+    the other in its second) and resumed in a new loader."""
+    files = write_shards(tmp_path / "shards", 4, per_shard=5)
+
+    def loader():
+        return StatefulDataLoader(
+            stream(files, buffer_documents=4),
+            batch_size=3,
+            num_workers=num_workers,
+            collate_fn=COLLATE,
+        )
+
+    expected = batches(loader(), 40)
+    first = loader()
+    head = batches(first, 23)
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert_same_tensors(expected, head + batches(resumed, 17), "batches")
+
+
+def as_tuples(rows) -> list[list[tuple]]:
+    """Rows of samples as plain values: ids, targets, position offset, next token."""
+    return [
+        [(s.tokens.tolist(), s.targets.tolist(), s.position_offset, s.next_token) for s in row]
+        for row in rows
+    ]
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_a_whole_corpus_buffer_gives_the_token_store_s_rows_and_metadata(tmp_path, packing):
+    """Over-long documents included: split continuations keep their offsets and next tokens."""
+    corpus = write_shards(tmp_path / "shards", 1, per_shard=30)
+    module = TextDataModule(
+        paths=[str(corpus[0])], packing=packing, max_seq_len=48, cache_dir=str(tmp_path / "c")
+    )
+    store = module.store()
+    pieces, _ = fit_to_length(store.lengths(), 48, "split")
+    store_rows = PackedRows(store, pieces, module.rows_of(pieces.length))
+    store_rows = [store_rows[i] for i in range(len(store_rows))]
+    streamed = list(stream(corpus, packing=packing, buffer_documents=100, shuffle=False, passes=1))
+    assert any(s.position_offset > 0 for row in streamed for s in row)
+    assert as_tuples(streamed) == as_tuples(store_rows)
+    collate = partial(
+        collate_rows, pad_id=TOKENIZER.pad_token_id, row_length=48 if packing else None
+    )
+    assert_same_tensors(collate(store_rows), collate(streamed), "batch")
+
+
+def test_a_text_file_streams_the_documents_the_store_cuts_from_it(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n\n".join(document(n) for n in range(20)) + "\n\n  \n\n")
+    module = TextDataModule(paths=[str(path)], cache_dir=str(tmp_path / "cache"))
+    store = module.store()
+    rows = list(
+        stream([path], separator=module.separator, shuffle=False, passes=1, overlong="drop")
+    )
+    streamed = [sample for row in rows for sample in row]
+    kept = [d for d in range(store.num_documents) if store.lengths()[d] <= 48]
+    assert sorted(tuple(s.tokens.tolist()) for s in streamed) == sorted(
+        tuple(store.tokens[store.offsets[d] : store.offsets[d + 1]].tolist()) for d in kept
+    )
+
+
+@pytest.mark.parametrize(("vanished", "num_workers"), [(0, 0), (3, 0), (3, 2)])
+def test_a_shard_that_vanishes_mid_stream_is_a_one_line_data_error_naming_it(
+    tmp_path, num_workers, vanished
+):
+    """Shard 3 vanishes before it is opened, shard 0 (already read) before the next pass."""
+    files = write_shards(tmp_path / "shards", 4, per_shard=6)
+    loader = StatefulDataLoader(
+        stream(files, shuffle=False), batch_size=2, num_workers=num_workers, collate_fn=COLLATE
+    )
+    iterator = iter(loader)
+    next(iterator)
+    files[vanished].unlink()
+    with pytest.raises(DataError) as raised:
+        for _ in range(100):
+            next(iterator)
+    message = user_message(raised.value)
+    del raised, iterator, loader
+    gc.collect()  # the workers stop here, not in whichever later test collects them
+    assert message.startswith(f"data.paths: the shard {files[vanished]} vanished while streaming")
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize("suffix", [".parquet", ".jsonl"])
+def test_a_missing_text_field_is_a_one_line_data_error_naming_the_columns(tmp_path, suffix):
+    path = tmp_path / f"corpus{suffix}"
+    if suffix == ".parquet":
+        pq.write_table(pa.table({"body": ["one", "two"]}), path)
+    else:
+        path.write_text("".join(json.dumps({"body": text}) + "\n" for text in ("one", "two")))
+    with pytest.raises(DataError, match=r"has no column data.text_field='text'.*\['body'\]"):
+        stream([path])
+
+
+def test_streaming_files_of_two_formats_is_a_config_error(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("one\n\ntwo\n")
+    with pytest.raises(ConfigError, match=r"mixes \['parquet', 'text'\]"):
+        stream([*write_shards(tmp_path / "shards", 1, per_shard=2), text])
+
+
+def test_a_non_utf8_text_file_is_a_data_error_naming_its_line(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(b"fine\n\nfine too\n\nbad \xff here\n")
+    rows = stream([path], passes=1)
+    with pytest.raises(DataError, match=r"corpus.txt, line 5 is not UTF-8"):
+        list(rows)
+
+
+def streaming_module(tmp_path, **options) -> TextDataModule:
+    shards = write_shards(tmp_path / "shards", 2, per_shard=20)
+    heldout = write_shards(tmp_path / "heldout", 1, per_shard=10)
+    values = dict(
+        paths=[str(p) for p in shards],
+        val_paths=[str(heldout[0])],
+        streaming=True,
+        packing_buffer=10,
+        max_seq_len=48,
+        cache_dir=str(tmp_path / "cache"),
+    )
+    return TextDataModule(**(values | options))
+
+
+def test_streaming_validates_and_tests_on_the_held_out_files(tmp_path):
+    module = streaming_module(tmp_path)
+    module.setup()
+    held_out = {len(module.datasets[split].pieces) for split in ("val", "test")}
+    assert "train" not in module.datasets and sum(held_out) >= 10
+    metrics = module.packing_metrics()
+    assert metrics["data/rows"] > 0 and 0 <= metrics["data/padding_fraction"] < 1
+    assert module.accounting["train"].input > 0
+    assert module.vocab_size == TOKENIZER.vocab_size
+    assert module.state_dict()["tokenizer"]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        ({"val_paths": None}, "set data.val_paths"),
+        ({"tokenizer": {"kind": "bpe"}}, "data.tokenizer.kind=pretrained"),
+        ({"packing_buffer": 0}, "data.packing_buffer must be a positive integer"),
+    ],
+)
+def test_streaming_refuses_what_it_cannot_do_in_one_line(tmp_path, options, match):
+    with pytest.raises(ConfigError, match=match):
+        streaming_module(tmp_path, **options)
+
+
+@pytest.mark.parametrize(
+    ("trainer", "match"),
+    [
+        ({"max_steps": -1}, "set trainer.max_steps"),
+        ({"max_steps": 20, "num_workers": 3}, "data.num_workers=3"),
+    ],
+)
+def test_a_streaming_loader_needs_a_run_length_and_a_shard_per_worker(tmp_path, trainer, match):
+    module = streaming_module(tmp_path, num_workers=trainer.pop("num_workers", 0))
+    module.trainer = SimpleNamespace(
+        world_size=1, global_rank=0, accumulate_grad_batches=1, **trainer
+    )
+    with pytest.raises(ConfigError, match=match):
+        module.setup()
+        module.train_dataloader()
+
+
+@pytest.mark.slow
+def test_a_streaming_run_killed_mid_stream_resumes_exactly(tmp_path):
+    """Two workers over four shards of two documents, buffers of two: killed at step 16, the
+    run resumes from step 15's checkpoint with both workers in their second pass over the
+    files, one inside its second buffer."""
+    write_shards(tmp_path / "shards", 4, per_shard=2)
+    heldout = write_shards(tmp_path / "heldout", 1, per_shard=10)
+    run = [
+        *FAST,
+        *TINY_LM,
+        "data=text",
+        f"data.paths=[{tmp_path / 'shards'}]",
+        f"data.val_paths=[{heldout[0]}]",
+        "data.streaming=true",
+        "data.packing_buffer=2",
+        "data.num_workers=2",
+        "data.max_seq_len=64",
+        "data.batch_size=2",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "trainer.max_epochs=-1",
+        "trainer.max_steps=20",
+        "trainer.val_check_interval=5",
+        "trainer.check_val_every_n_epoch=null",
+        "trainer.deterministic=true",
+        "callbacks.model_checkpoint.monitor=val/loss",
+        "callbacks.model_checkpoint.mode=min",
+        "callbacks.last_checkpoint.every_n_train_steps=1",
+        "callbacks.last_checkpoint.every_n_epochs=null",
+        "test=false",
+    ]
+    train(compose_config(tmp_path / "whole", run))
+    expected_checkpoint, expected_metrics = final_state(tmp_path / "whole")
+    last = killed_run(run, tmp_path / "killed", kill_step=16)
+    loader = torch.load(last, weights_only=False)["loops"]["fit_loop"]["state_dict"]
+    workers = loader["combined_loader"][0]["_snapshot"]["_worker_snapshots"].values()
+    assert {(w["dataset_state"]["pass"], w["dataset_state"]["buffer"]) for w in workers} == {
+        (1, 0),
+        (1, 1),
+    }
+    train(compose_config(tmp_path / "killed", [*run, f"ckpt_path={last}"]))
+    checkpoint, metrics = final_state(tmp_path / "killed")
+    assert checkpoint["global_step"] == expected_checkpoint["global_step"] == 20
+    assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
+    assert metrics == expected_metrics

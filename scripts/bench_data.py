@@ -3,6 +3,7 @@
     python scripts/bench_data.py                        # 10 and 100 MB, bytes and a BPE
     python scripts/bench_data.py --sizes 10,100,1000    # and 1 GB (minutes, a few GB of disk)
     python scripts/bench_data.py --output bench.md      # also write the Markdown section
+    python scripts/bench_data.py --streaming            # data.streaming=true from Parquet shards
 
 A corpus of Shakespeare-like documents (runs of Tiny Shakespeare's speeches, a long-tailed
 number per document) is generated at each size. For each size and tokenizer (bytes, and a
@@ -17,6 +18,10 @@ alone:
   (non-padding) tokens/s of the training loader alone and of training;
 - anchor: `datasets.load_dataset("text").map(tokenize, batched=True, num_proc)` with the same
   tokenizer and an empty cache.
+
+With `--streaming`, each corpus is written as Parquet shards and one child measures
+`data.streaming=true` on them with bytes: the time from `setup()` to the first batch, real
+tokens/s of the training loader, and its memory.
 
 RSS columns: the peak, how far above the baseline the imports left (torch, Lightning and
 `datasets` take about 0.9 GB), and the largest child process's peak; "anon" columns: the rise
@@ -43,6 +48,8 @@ COLUMNS = (
     "anchor RSS", "2nd run: setup", "first step", "train RSS", "train anon", "loader tok/s",
     "train tok/s",
 )  # fmt: skip
+STREAM_COLUMNS = ("size", "shards", "first batch", "loader tok/s", "RSS", "anon")
+SHARDS = 8
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -53,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=10, help="timed training steps")
     parser.add_argument("--work-dir", type=Path, default=None, help="default: a temporary one")
     parser.add_argument("--output", type=Path, default=None)
+    parser.add_argument("--streaming", action="store_true", help="measure data.streaming=true")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -67,6 +75,28 @@ def make_corpus(path: Path, megabytes: float, seed: int = 0) -> None:
             start = rng.randrange(len(speeches) - count)
             document = " ".join(s.replace("\n", " ") for s in speeches[start : start + count])
             written += file.write(document + "\n\n")
+
+
+def write_shards(corpus: Path, folder: Path, shards: int = SHARDS) -> list[Path]:
+    """The documents of `corpus` (one a line) dealt out to `shards` Parquet files in turn."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / f"part-{shard:02d}.parquet" for shard in range(shards)]
+    writers = [pq.ParquetWriter(path, pa.schema([("text", pa.string())])) for path in paths]
+    buffers: list[list[str]] = [[] for _ in paths]
+    with corpus.open() as file:
+        for number, line in enumerate(line for line in file if line.strip()):
+            buffer = buffers[number % shards]
+            buffer.append(line.strip())
+            if len(buffer) == 10_000:
+                writers[number % shards].write_table(pa.table({"text": buffer}))
+                buffer.clear()
+    for writer, buffer in zip(writers, buffers, strict=True):
+        writer.write_table(pa.table({"text": buffer}))
+        writer.close()
+    return paths
 
 
 def train_bpe(folder: Path) -> None:
@@ -111,6 +141,8 @@ def child(spec: dict) -> dict:
     tokenizer = {"kind": "byte"} if spec["tokenizer"] == "byte" else spec["bpe"]
     if spec["what"] == "anchor":
         return anchor(spec, tokenizer)
+    if spec["what"] == "stream":
+        return stream(spec)
     from src.data.text import TextDataModule
 
     def module():
@@ -190,6 +222,62 @@ def loader_rate(data, batches: int = 300) -> float:
     for _, batch in zip(range(batches), data.train_dataloader(), strict=False):
         tokens += int(batch["document_lengths"].sum())
     return tokens / (time.perf_counter() - started)
+
+
+def stream(spec: dict) -> dict:
+    """`data.streaming=true` over the shards: time to the first batch, then the loader alone."""
+    from src.data.text import TextDataModule
+
+    base, anonymous = rss_mb(), PeakAnonymous()
+    anonymous.start()
+    started = time.perf_counter()
+    data = TextDataModule(
+        paths=spec["shards"], val_paths=[spec["heldout"]], streaming=True,
+        cache_dir=spec["cache"], max_seq_len=256, batch_size=8, shuffle_seed=0,
+    )  # fmt: skip
+    data.setup()
+    batches = iter(data.train_dataloader())
+    next(batches)
+    first_batch = time.perf_counter() - started
+    timed, tokens = time.perf_counter(), 0
+    for _, batch in zip(range(300), batches, strict=False):
+        tokens += int(batch["document_lengths"].sum())
+    rate = tokens / (time.perf_counter() - timed)
+    return {
+        "first_batch": first_batch, "tokens_per_s": rate, **peak_rss_mb(), "base": base,
+        "anon_base": anonymous.base, "anon_peak": anonymous.peak,
+    }  # fmt: skip
+
+
+def run_streaming(args: argparse.Namespace, work: Path) -> list[dict[str, str]]:
+    """Each size's shards streamed, validated on the same 1 MB of held-out documents."""
+    make_corpus(work / "heldout.txt", 1, seed=1)
+    (heldout,) = write_shards(work / "heldout.txt", work / "heldout", shards=1)
+    rows = []
+    for size in [float(s) for s in args.sizes.split(",")]:
+        corpus = work / f"corpus-{size:g}MB.txt"
+        make_corpus(corpus, size)
+        megabytes = corpus.stat().st_size / 1e6
+        shards = write_shards(corpus, work / f"shards-{size:g}")
+        corpus.unlink()
+        spec = {
+            "what": "stream", "shards": [str(p) for p in shards], "heldout": str(heldout),
+            "cache": str(work / "cache"),
+        }  # fmt: skip
+        result = measure({**spec, "tokenizer": "byte"})
+        shutil.rmtree(work / f"shards-{size:g}")
+        rows.append(
+            {
+                "size": size_label(megabytes),
+                "shards": str(len(shards)),
+                "first batch": f"{result['first_batch']:.2f} s",
+                "loader tok/s": f"{result['tokens_per_s']:,.0f}",
+                "RSS": rss(result),
+                "anon": anonymous(result),
+            }
+        )
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
 
 
 def anchor(spec: dict, tokenizer: dict) -> dict:
@@ -293,15 +381,16 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
         return []
     from src.run.benchmarks import machine_line, markdown, publish
 
+    measure_all, columns = (run_streaming, STREAM_COLUMNS) if args.streaming else (run, COLUMNS)
     if args.work_dir:
         args.work_dir.mkdir(parents=True, exist_ok=True)
-        rows = run(args, args.work_dir)
+        rows = measure_all(args, args.work_dir)
     else:
         with tempfile.TemporaryDirectory() as work:
-            rows = run(args, Path(work))
+            rows = measure_all(args, Path(work))
     import datasets
 
-    report = "\n\n".join([machine_line(datasets=datasets.__version__), markdown(rows, COLUMNS)])
+    report = "\n\n".join([machine_line(datasets=datasets.__version__), markdown(rows, columns)])
     publish(report, args.output)
     return rows
 

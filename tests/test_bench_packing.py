@@ -60,3 +60,12 @@ def test_the_data_benchmark_reports_every_figure_of_a_tiny_corpus(tmp_path):
     for column in ("2nd run: setup", "first step"):
         assert re.fullmatch(r"\d+\.\d\d s", row[column]), (column, row)
     assert "| size | tokenizer | prepare s |" in output.read_text()
+
+
+@pytest.mark.slow  # a child process importing torch and datasets
+def test_the_data_benchmark_measures_streaming_from_parquet_shards(tmp_path):
+    (row,) = bench_data_main(["--streaming", "--sizes", "0.2", "--output", str(tmp_path / "b")])
+    assert row["size"] == "0.2 MB" and row["shards"] == "8"
+    assert re.fullmatch(r"\d+\.\d\d s", row["first batch"]), row
+    assert re.fullmatch(r"[\d,]+", row["loader tok/s"]) and row["loader tok/s"] != "0", row
+    assert re.fullmatch(r"\d+ MB \(\+-?\d+\)( / \d+ MB)?", row["RSS"]), row

@@ -27,6 +27,7 @@ from tests.helpers import (
     compose_config,
     final_state,
     killed_run,
+    run_train,
 )
 from train import train
 
@@ -325,3 +326,38 @@ def test_a_streaming_run_killed_mid_stream_resumes_exactly(tmp_path):
     assert checkpoint["global_step"] == expected_checkpoint["global_step"] == 20
     assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
     assert metrics == expected_metrics
+
+
+@pytest.mark.slow
+def test_two_ddp_processes_over_shards_of_very_different_sizes_both_train_every_step(tmp_path):
+    """Two gloo ranks over four shards of 1, 2, 3 and 60 documents: the rank with the small
+    ones passes over them again and again, so both take every step and none waits forever."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+    start = 0
+    for shard, count in enumerate([1, 2, 3, 60]):
+        texts = [document(n) for n in range(start, start + count)]
+        pq.write_table(pa.table({"text": texts}), folder / f"part-{shard}.parquet")
+        start += count
+    heldout = write_shards(tmp_path / "heldout", 1, per_shard=10)
+    run = [
+        *FAST,
+        *TINY_LM,
+        "data=text",
+        "trainer=ddp_cpu",
+        f"data.paths=[{folder}]",
+        f"data.val_paths=[{heldout[0]}]",
+        "data.streaming=true",
+        "data.packing_buffer=4",
+        "data.max_seq_len=64",
+        "data.batch_size=2",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "trainer.max_epochs=-1",
+        "trainer.max_steps=12",
+        "trainer.val_check_interval=6",
+        "trainer.check_val_every_n_epoch=null",
+        "test=false",
+    ]
+    run_train(run, tmp_path / "run", timeout=240)
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 12

@@ -7,6 +7,7 @@ from collections import Counter
 from functools import partial
 from types import SimpleNamespace
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -15,11 +16,12 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.collate import collate_rows
 from src.data.packing import fit_to_length
+from src.data.readers import resolve_stream_files
 from src.data.rows import PackedRows
 from src.data.streaming import StreamedRows
 from src.data.text import TextDataModule, encode_documents
 from src.data.tokenizers import ByteTokenizer
-from src.utils.errors import ConfigError, DataError, user_message
+from src.utils.errors import ConfigError, DataError, MissingFileError, user_message
 from tests.helpers import (
     FAST,
     TINY_LM,
@@ -97,6 +99,38 @@ def test_two_ranks_by_two_workers_see_every_document_of_a_pass_exactly_once(tmp_
     assert sorted(counts) == list(range(shards * 9))
     assert set(counts.values()) == {1}
     assert seen[0] and seen[1]
+
+
+def test_shards_behind_urls_stream_the_documents_of_the_same_local_files(tmp_path):
+    """Object storage is reached through fsspec: `memory://` stands in for `s3://` here, and
+    `file://` globs list local files as a bucket's would be."""
+    files = write_shards(tmp_path / "shards", 3, per_shard=5)
+    memory = fsspec.filesystem("memory")
+    for path in files:
+        memory.pipe(f"/bucket/{path.name}", path.read_bytes())
+    urls = resolve_stream_files(["memory://bucket/*.parquet"])
+    assert urls == [f"memory:///bucket/{path.name}" for path in files]
+    local = resolve_stream_files([f"file://{tmp_path / 'shards'}/"])
+    expected = document_numbers(stream(files, passes=1, shuffle=False))
+    assert document_numbers(stream(urls, passes=1, shuffle=False)) == expected
+    assert document_numbers(stream(local, passes=1, shuffle=False)) == expected
+    assert sorted(expected) == list(range(15))
+    memory.rm(f"/bucket/{files[1].name}")
+    with pytest.raises(DataError, match=r"the shard memory:///bucket/part-01\.parquet vanished"):
+        list(stream(urls, passes=1))
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("unknown://bucket/*.parquet", "Protocol not known: unknown"),
+        ("memory://none/x.parquet", "is neither a file, a folder nor a glob"),
+    ],
+)
+def test_a_url_that_cannot_be_read_is_named_in_one_line(url, match):
+    with pytest.raises((ConfigError, MissingFileError)) as error:
+        resolve_stream_files([url])
+    assert url in str(error.value) and match in str(error.value)
 
 
 def test_every_rank_keeps_yielding_batches_after_its_pass_ends(tmp_path):

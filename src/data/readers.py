@@ -13,12 +13,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import datasets
+import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
-from src.utils.errors import DataError, MissingFileError
+from src.utils.errors import ConfigError, DataError, MissingFileError
 
 FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 CHUNK_BYTES = 4 << 20
@@ -49,6 +50,44 @@ def resolve_files(paths: list[str], key: str = "data.paths") -> list[Path]:
     if not found:
         raise DataError(f"{key}={[str(p) for p in paths]} holds no {'/'.join(FORMATS)} files")
     return found
+
+
+def resolve_stream_files(paths: list[str], key: str = "data.paths") -> list[str]:
+    """The files a stream reads, in order: local entries as `resolve_files` finds them, and
+    URLs (`s3://`, `gs://`, `hf://`, any protocol of an installed fsspec filesystem) listed
+    through fsspec the same way: a file as given, a glob's or a folder's files of a known
+    format in name order."""
+    found: list[str] = []
+    for entry in paths:
+        if "://" not in str(entry):
+            found += [str(path) for path in resolve_files([entry], key)]
+            continue
+        try:
+            fs, path = fsspec.core.url_to_fs(entry)
+        except (ImportError, ValueError) as error:
+            raise ConfigError(f"{key}: {entry!r} cannot be read here: {error}") from None
+        if glob.has_magic(path):
+            matches = sorted(fs.glob(path))
+        elif fs.isdir(path):
+            matches = sorted(fs.ls(path, detail=False))
+        elif fs.isfile(path):
+            matches = [path]
+        else:
+            raise MissingFileError(f"{key}: {entry!r} is neither a file, a folder nor a glob")
+        found += [fs.unstrip_protocol(m) for m in matches if Path(m).suffix in FORMATS]
+    if not found:
+        raise DataError(f"{key}={list(paths)} holds no {'/'.join(FORMATS)} files")
+    return found
+
+
+def open_file(url: str):
+    """A local path or a URL opened for binary reading (fsspec for both)."""
+    return fsspec.open(url, "rb")
+
+
+def file_exists(url: str) -> bool:
+    fs, path = fsspec.core.url_to_fs(url)
+    return fs.isfile(path)
 
 
 def content_fingerprint(files: list[Path]) -> str:
@@ -150,12 +189,12 @@ def _is_concatenation_of(corpus: datasets.Dataset, files: list[str]) -> bool:
     return rows == len(corpus)
 
 
-def text_documents(path: Path, separator: re.Pattern | None) -> Iterator[list[str]]:
+def text_documents(path: Path | str, separator: re.Pattern | None) -> Iterator[list[str]]:
     """The stripped, non-empty documents of one file, a chunk of the file at a time: the text
     after a chunk's last separator is carried into the next chunk."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     carried, lines = "", 0
-    with path.open("rb") as file:
+    with open_file(str(path)) as file:
         while True:
             chunk = file.read(CHUNK_BYTES if separator is not None else -1)
             try:

@@ -1,5 +1,6 @@
 """Pretraining documents streamed from their files rather than tokenised into a store first: for
-corpora that do not fit on one disk.
+corpora that do not fit on one disk, on local disks or behind URLs (fsspec: `s3://`, `gs://`,
+`hf://`).
 
 Files are read lazily through `datasets`' iterable datasets, one file a shard; shards go to
 ranks (`split_dataset_by_node`) and, inside a rank, to data-loader workers (`datasets` does it
@@ -30,16 +31,16 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from src.data.encoding import flat_column
 from src.data.packing import Pieces, Rows, Sample, TokenAccounting, fit_to_length, pack
-from src.data.readers import FORMATS, text_documents
+from src.data.readers import FORMATS, file_exists, open_file, text_documents
 from src.utils.contracts import IGNORE_INDEX
 from src.utils.errors import ConfigError, DataError
 
 TEXT = datasets.Features({"text": datasets.Value("string")})
 
 
-def stream_format(files: list[Path]) -> str:
+def stream_format(files: list[str]) -> str:
     """The one format (`text`, `json`, `parquet`) of the files a stream reads."""
-    kinds = {FORMATS[path.suffix] for path in files}
+    kinds = {FORMATS[Path(file).suffix] for file in files}
     if len(kinds) > 1:
         raise ConfigError(
             f"data.streaming=true reads files of one format, but data.paths mixes {sorted(kinds)}"
@@ -48,11 +49,11 @@ def stream_format(files: list[Path]) -> str:
 
 
 def document_stream(
-    files: list[Path], separator: re.Pattern | None, text_field: str
+    files: list[str], separator: re.Pattern | None, text_field: str
 ) -> datasets.IterableDataset:
-    """The documents of `files`, in order, as an iterable dataset of one column `text` with one
-    shard per file: `.txt` files cut by `separator` and stripped as the store cuts them, JSON
-    and Parquet rows' `text_field`."""
+    """The documents of `files` (local paths or URLs), in order, as an iterable dataset of one
+    column `text` with one shard per file: `.txt` files cut by `separator` and stripped as the
+    store cuts them, JSON and Parquet rows' `text_field`."""
     paths = [str(path) for path in files]
     kind = stream_format(files)
     if kind == "text":
@@ -62,7 +63,8 @@ def document_stream(
             features=TEXT,
         )
     if kind == "parquet":
-        columns = pq.read_schema(paths[0]).names
+        with open_file(paths[0]) as file:
+            columns = pq.read_schema(file).names
         if text_field not in columns:
             raise DataError(
                 f"{paths[0]} has no column data.text_field={text_field!r}; its columns are "
@@ -86,13 +88,14 @@ def _parquet_documents(paths: list[str], column: str) -> Iterator[dict]:
     stream converts a whole row group at once, which held about 300 MB at 1 GB of shards
     (docs/BENCHMARKS.md)."""
     for path in paths:
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1000, columns=[column]):
-            yield from ({"text": text} for text in batch.column(0).to_pylist())
+        with open_file(path) as file:
+            for batch in pq.ParquetFile(file).iter_batches(batch_size=1000, columns=[column]):
+                yield from ({"text": text} for text in batch.column(0).to_pylist())
 
 
 def _text_file_documents(paths: list[str], separator: re.Pattern | None) -> Iterator[dict]:
     for path in paths:
-        for documents in text_documents(Path(path), separator):
+        for documents in text_documents(path, separator):
             yield from ({"text": document} for document in documents)
 
 
@@ -113,7 +116,7 @@ class StreamedRows(IterableDataset):
 
     def __init__(
         self,
-        files: list[Path],
+        files: list[str],
         separator: re.Pattern | None,
         text_field: str,
         encoder: Callable[[pa.Table, list[int]], pa.Table],
@@ -165,7 +168,7 @@ class StreamedRows(IterableDataset):
                 f"data.num_workers or split the corpus into more files"
             )
 
-    def pass_files(self, number: int) -> list[Path]:
+    def pass_files(self, number: int) -> list[str]:
         """The files in the order pass `number` reads them."""
         if not self.shuffle:
             return self.files
@@ -182,7 +185,7 @@ class StreamedRows(IterableDataset):
 
     def _check_files_exist(self) -> None:
         for path in self.files:
-            if not path.is_file():
+            if not file_exists(path):
                 raise DataError(
                     f"data.paths: the shard {path} vanished while streaming; restore it or "
                     f"remove it from data.paths"

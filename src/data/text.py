@@ -15,7 +15,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from src.data.collate import collate_rows
 from src.data.encoding import append_token, list_column
 from src.data.packed_text import PackedTextDataModule
-from src.data.readers import read_documents, resolve_files
+from src.data.readers import read_documents, resolve_files, resolve_stream_files
 from src.data.streaming import StreamedRows
 from src.data.token_store import token_dtype
 from src.data.tokenizers import ByteTokenizer
@@ -131,7 +131,7 @@ class TextDataModule(PackedTextDataModule):
         world_size, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
         seed = torch.initial_seed() if self.shuffle_seed is None else self.shuffle_seed
         stream = StreamedRows(
-            resolve_files(self.paths),
+            resolve_stream_files(self.paths),
             self.separator,
             self.text_field,
             self.encoder(),

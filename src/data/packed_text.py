@@ -30,7 +30,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.collate import collate_rows
 from src.data.encoding import flat_column
-from src.data.packing import Rows, TokenAccounting, compact, fit_to_length, pack
+from src.data.packing import Rows, TokenAccounting, compact, describe_text, fit_to_length, pack
 from src.data.readers import content_fingerprint, separately_mapped_parts
 from src.data.rows import BucketedBatches, PackedRows
 from src.data.sampler import SplitLoaders, resumable_loader
@@ -147,10 +147,8 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     def describe(self, document: int) -> str:
         """How errors name a document of the store: its first words."""
         start = int(self.token_store.offsets[document])
-        text = " ".join(
-            self.tokenizer.decode(self.token_store.tokens[start : start + 80].tolist()).split()
-        )
-        return f"The document {text[:50]!r}{'...' if len(text) > 50 else ''}"
+        first = self.token_store.tokens[start : start + 80].tolist()
+        return describe_text(self.tokenizer.decode(first))
 
     # -- the token store ---------------------------------------------------------------------
 
@@ -363,10 +361,13 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         if self.bucket_by_length:  # items are whole batches
             dataset = BucketedBatches(dataset, batch_size, self.split_seed, drop_last=shuffle)
             batch_size = None
-        collate = partial(
+        return resumable_loader(self, dataset, batch_size, shuffle, collate_fn=self.collate())
+
+    def collate(self) -> Callable[[list], dict[str, torch.Tensor]]:
+        """`collate_rows` for this module's rows: packed rows of `max_seq_len`, or padded."""
+        return partial(
             collate_rows,
             pad_id=self.tokenizer.pad_token_id,
             row_length=self.max_seq_len if self.packing else None,
             pad_to_multiple_of=self.pad_to_multiple_of,
         )
-        return resumable_loader(self, dataset, batch_size, shuffle, collate_fn=collate)

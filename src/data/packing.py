@@ -102,6 +102,12 @@ class Pieces:
         return len(self.sample)
 
 
+def describe_text(text: str) -> str:
+    """How errors name a document: its first words."""
+    words = " ".join(text.split())
+    return f"The document {words[:50]!r}{'...' if len(words) > 50 else ''}"
+
+
 def fit_to_length(
     lengths: np.ndarray,
     max_len: int,

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 import xxhash
 
 from src.utils.errors import ConfigError, DataError, MissingFileError
+from src.utils.files import hash_file
 
 FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 CHUNK_BYTES = 4 << 20
@@ -93,12 +94,10 @@ def file_exists(url: str) -> bool:
 def content_fingerprint(files: list[Path]) -> str:
     """A hash of the files' names and contents, read in chunks (xxh3-128: a 1 GB corpus in a
     tenth of a second, where SHA-256 takes a second)."""
-    digest, buffer = xxhash.xxh3_128(), bytearray(CHUNK_BYTES)
+    digest = xxhash.xxh3_128()
     for path in files:
         digest.update(path.name.encode() + b"\0")
-        with path.open("rb", buffering=0) as file:
-            while count := file.readinto(buffer):
-                digest.update(memoryview(buffer)[:count])
+        hash_file(digest, path)
         digest.update(b"\0")
     return digest.hexdigest()
 
@@ -115,11 +114,7 @@ def read_documents(
             parts += read_text_files(group, separator, work_dir / f"text-{number}")
             continue
         records = read_records(group, kind, work_dir)
-        if text_field not in records.column_names:
-            raise DataError(
-                f"{group[0]} has no column data.text_field={text_field!r}; its columns are "
-                f"{records.column_names}"
-            )
+        check_text_field(group[0], text_field, records.column_names)
         records = records.select_columns([text_field])
         if text_field != "text":
             records = records.rename_column(text_field, "text")
@@ -133,6 +128,14 @@ def read_documents(
     if not len(corpus):
         raise DataError(f"{[str(p) for p in files]} contain no text")
     return corpus
+
+
+def check_text_field(path: Path | str, text_field: str, columns: list[str]) -> None:
+    """Raise a DataError naming the columns there are when `text_field` is not one of them."""
+    if text_field not in columns:
+        raise DataError(
+            f"{path} has no column data.text_field={text_field!r}; its columns are {columns}"
+        )
 
 
 def read_text_files(

@@ -2,21 +2,29 @@
 demand, as the `Sample`s that `collate_rows` turns into a batch."""
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from src.data.packing import Pieces, Rows, Sample
-from src.data.token_store import TokenStore
 from src.utils.contracts import IGNORE_INDEX
+
+
+class ReadsTokens(Protocol):
+    """Documents back to back: a `TokenStore`, or one streamed buffer's tokens."""
+
+    offsets: np.ndarray  # document i is tokens [offsets[i], offsets[i + 1])
+
+    def read(self, begin: int, end: int) -> tuple[np.ndarray, np.ndarray | None]: ...
 
 
 class PackedRows(Dataset):
     """Item i is row i: the samples that share it (one sample when not packing). `pieces.sample`
     are document indices of `store`."""
 
-    def __init__(self, store: TokenStore, pieces: Pieces, rows: Rows):
+    def __init__(self, store: ReadsTokens, pieces: Pieces, rows: Rows):
         self.store = store
         self.pieces = pieces
         self.rows = rows

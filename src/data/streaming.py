@@ -25,14 +25,21 @@ import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 from datasets.distributed import split_dataset_by_node
 from torch.utils.data import IterableDataset, get_worker_info
 
 from src.data.encoding import flat_column
-from src.data.packing import Pieces, Rows, Sample, TokenAccounting, fit_to_length, pack
-from src.data.readers import FORMATS, file_exists, open_file, text_documents
-from src.utils.contracts import IGNORE_INDEX
+from src.data.packing import (
+    Pieces,
+    Rows,
+    Sample,
+    TokenAccounting,
+    describe_text,
+    fit_to_length,
+    pack,
+)
+from src.data.readers import FORMATS, check_text_field, file_exists, open_file, text_documents
+from src.data.rows import PackedRows
 from src.utils.errors import ConfigError, DataError
 
 TEXT = datasets.Features({"text": datasets.Value("string")})
@@ -64,21 +71,12 @@ def document_stream(
         )
     if kind == "parquet":
         with open_file(paths[0]) as file:
-            columns = pq.read_schema(file).names
-        if text_field not in columns:
-            raise DataError(
-                f"{paths[0]} has no column data.text_field={text_field!r}; its columns are "
-                f"{columns}"
-            )
+            check_text_field(paths[0], text_field, pq.read_schema(file).names)
         return datasets.IterableDataset.from_generator(
             _parquet_documents, gen_kwargs={"paths": paths, "column": text_field}, features=TEXT
         )
     records = datasets.load_dataset(kind, data_files=paths, streaming=True, split="train")
-    columns = records.column_names or list(next(iter(records)))
-    if text_field not in columns:
-        raise DataError(
-            f"{paths[0]} has no column data.text_field={text_field!r}; its columns are {columns}"
-        )
+    check_text_field(paths[0], text_field, records.column_names or list(next(iter(records))))
     records = records.select_columns([text_field])
     return records.rename_column(text_field, "text") if text_field != "text" else records
 
@@ -262,18 +260,18 @@ class StreamedRows(IterableDataset):
         tokens, lengths = flat_column(encoded.column("input_ids").combine_chunks())
         offsets = np.concatenate(([0], np.cumsum(lengths)))
         pieces, accounting = fit_to_length(
-            lengths, self.max_seq_len, self.overlong, describe=lambda i: _describe(texts[i])
+            lengths, self.max_seq_len, self.overlong, describe=lambda i: describe_text(texts[i])
         )
         rows = (
             pack(pieces.length, self.max_seq_len, self.packing_strategy)
             if self.packing
             else Rows.one_per_row(len(pieces))
         )
-        samples = [_piece(tokens, offsets, pieces, i) for i in range(len(pieces))]
+        buffer = PackedRows(BufferTokens(tokens, offsets), pieces, rows)
         order = range(len(rows))
         if seed is not None:
             order = np.random.default_rng(seed).permutation(len(rows))
-        return [[samples[i] for i in rows[int(r)]] for r in order], pieces, accounting
+        return [buffer[int(row)] for row in order], pieces, accounting
 
     def first_buffer(self) -> tuple[list[list[Sample]], Pieces, TokenAccounting]:
         """The rows of this rank's first buffer, read apart from the stream (what the run's
@@ -295,17 +293,12 @@ class StreamedRows(IterableDataset):
         self.position = dict(state_dict)
 
 
-def _piece(tokens: np.ndarray, offsets: np.ndarray, pieces: Pieces, index: int) -> Sample:
-    """Piece `index` of a buffer as a `Sample`, as `PackedRows` reads a piece of the store."""
-    document, start = int(pieces.sample[index]), int(pieces.start[index])
-    begin = int(offsets[document]) + start
-    end = begin + int(pieces.length[index])
-    piece = torch.from_numpy(tokens[begin:end].astype(np.int64))
-    targets = torch.ones(len(piece), dtype=torch.bool)
-    continues = pieces.continued and end < offsets[document + 1]
-    return Sample(piece, targets, start, int(tokens[end]) if continues else IGNORE_INDEX)
+class BufferTokens:
+    """One buffer's tokens as `PackedRows` reads a store's: documents back to back, document i
+    at tokens[offsets[i]:offsets[i + 1]], every token a target (pretraining)."""
 
+    def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
+        self.tokens, self.offsets = tokens, offsets
 
-def _describe(text: str) -> str:
-    words = " ".join(text.split())
-    return f"The document {words[:50]!r}{'...' if len(words) > 50 else ''}"
+    def read(self, begin: int, end: int) -> tuple[np.ndarray, None]:
+        return self.tokens[begin:end], None

@@ -12,7 +12,6 @@ import pyarrow as pa
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from src.data.collate import collate_rows
 from src.data.encoding import append_token, list_column
 from src.data.packed_text import PackedTextDataModule
 from src.data.readers import read_documents, resolve_files, resolve_stream_files
@@ -166,16 +165,10 @@ class TextDataModule(PackedTextDataModule):
         if not (self.streaming and split == "train"):
             return super()._loader(split, batch_size, shuffle)
         self._set_run_length()
-        collate = partial(
-            collate_rows,
-            pad_id=self.tokenizer.pad_token_id,
-            row_length=self.max_seq_len if self.packing else None,
-            pad_to_multiple_of=self.pad_to_multiple_of,
-        )
         return StatefulDataLoader(
             self.stream,
             batch_size=batch_size,
-            collate_fn=collate,
+            collate_fn=self.collate(),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
         )

@@ -30,12 +30,17 @@ import numpy as np
 import xxhash
 
 from src.utils.errors import DataError
-from src.utils.files import PositionalReader, fsync_folder, is_alive, write_atomically
+from src.utils.files import (
+    PositionalReader,
+    fsync_folder,
+    hash_file,
+    is_alive,
+    write_atomically,
+)
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2  # 2: xxh3-64 checksums instead of CRC-32
-CHUNK_BYTES = 16 << 20
 
 
 class StoreMismatch(Exception):
@@ -224,8 +229,6 @@ def _map(path: Path, dtype: str) -> np.ndarray:
 
 
 def _checksum(path: Path) -> str:
-    digest, buffer = xxhash.xxh3_64(), bytearray(CHUNK_BYTES)
-    with path.open("rb", buffering=0) as file:
-        while count := file.readinto(buffer):
-            digest.update(memoryview(buffer)[:count])
+    digest = xxhash.xxh3_64()
+    hash_file(digest, path)
     return digest.hexdigest()

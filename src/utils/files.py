@@ -102,6 +102,15 @@ def copy_into(source: Path, file: BinaryIO) -> None:
         shutil.copyfileobj(original, file)
 
 
+def hash_file(digest, path: Path, chunk_bytes: int = 16 << 20) -> None:
+    """Feed the contents of `path` to `digest` (anything with `update`, hashlib's or xxhash's),
+    read in chunks into one reused buffer."""
+    buffer = bytearray(chunk_bytes)
+    with Path(path).open("rb", buffering=0) as file:
+        while count := file.readinto(buffer):
+            digest.update(memoryview(buffer)[:count])
+
+
 class PositionalReader:
     """Byte ranges of a file read with `os.pread`, through a descriptor each process opens once
     (a forked data-loader worker opens its own); pickled as its path.

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 
 from src.models.qwen import QwenConfig, QwenLM
 from src.run.compose import ROOT, compose_run_config
+from train import train
 
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
 
@@ -281,6 +282,12 @@ def final_state(run_dir):
     metrics = json.loads((run_dir / "metrics.json").read_text())["metrics"]
     logged = {k: v for k, v in metrics.items() if not k.startswith("perf/")}
     return checkpoint, logged
+
+
+def trained_state(run: list[str], run_dir, *more: str):
+    """`train(<run> <more>)` in this process with its run dir at `run_dir`; its `final_state`."""
+    train(compose_config(run_dir, [*run, *more]))
+    return final_state(run_dir)
 
 
 def killed_run(run: list[str], run_dir, kill_step: int):

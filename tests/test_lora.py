@@ -32,12 +32,12 @@ from tests.helpers import (
     TINY_LM,
     assert_same_tensors,
     compose_config,
-    final_state,
     killed_run,
     run_script,
     run_train,
     shakespeare_excerpt,
     text_lm_overrides,
+    trained_state,
 )
 from train import train
 
@@ -443,12 +443,10 @@ def test_a_lora_run_killed_mid_training_resumes_exactly(tmp_path, tiny_base):
         "callbacks.last_checkpoint.every_n_epochs=null",
         "test=false",
     )
-    train(compose_config(tmp_path / "whole", run))
-    expected_checkpoint, expected_metrics = final_state(tmp_path / "whole")
+    expected_checkpoint, expected_metrics = trained_state(run, tmp_path / "whole")
     last = killed_run(run, tmp_path / "killed", kill_step=5)
     assert "adapter_base" in torch.load(last, weights_only=True)
-    train(compose_config(tmp_path / "killed", [*run, f"ckpt_path={last}"]))
-    checkpoint, metrics = final_state(tmp_path / "killed")
+    checkpoint, metrics = trained_state(run, tmp_path / "killed", f"ckpt_path={last}")
     assert checkpoint["global_step"] == expected_checkpoint["global_step"] == 8
     assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
     assert_same_tensors(

@@ -21,6 +21,7 @@ from tests.helpers import (
     run_train,
     shakespeare_excerpt,
     text_lm_overrides,
+    trained_state,
 )
 from train import train
 
@@ -64,9 +65,8 @@ def signalled_run(run: list[str], run_dir, step: int, name: str):
 def assert_resumes_exactly(run: list[str], run_dir, last, expected):
     """`train(<run> ckpt_path=<last>)` ends in the `expected` final state of the uninterrupted
     run: its weights, optimizer state and metrics."""
-    train(compose_config(run_dir, [*run, f"ckpt_path={last}"]))
     expected_checkpoint, expected_metrics = expected
-    checkpoint, metrics = final_state(run_dir)
+    checkpoint, metrics = trained_state(run, run_dir, f"ckpt_path={last}")
     assert checkpoint["global_step"] == expected_checkpoint["global_step"]
     assert_same_training_state(expected_checkpoint, checkpoint)
     assert metrics == expected_metrics
@@ -87,9 +87,7 @@ def uninterrupted(tmp_path_factory):
 
     def final(run: list[str]):
         if tuple(run) not in finished:
-            run_dir = tmp_path_factory.mktemp("uninterrupted")
-            train(compose_config(run_dir, run))
-            finished[tuple(run)] = final_state(run_dir)
+            finished[tuple(run)] = trained_state(run, tmp_path_factory.mktemp("uninterrupted"))
         return finished[tuple(run)]
 
     return final
@@ -251,8 +249,7 @@ def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path, mo
         "callbacks.last_checkpoint.every_n_epochs=null",
         "test=false",
     ]
-    train(compose_config(tmp_path / "whole", run))
-    expected = final_state(tmp_path / "whole")
+    expected = trained_state(run, tmp_path / "whole")
     kill_step = expected[0]["global_step"] // 2 + 3  # inside the second epoch
     last = killed_run(run, tmp_path / "killed", kill_step)
     assert_resumes_exactly(run, tmp_path / "killed", last, expected)

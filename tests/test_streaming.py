@@ -26,12 +26,10 @@ from tests.helpers import (
     FAST,
     TINY_LM,
     assert_same_tensors,
-    compose_config,
-    final_state,
     killed_run,
     run_train,
+    trained_state,
 )
-from train import train
 
 TOKENIZER = ByteTokenizer()
 COLLATE = partial(collate_rows, pad_id=TOKENIZER.pad_token_id, row_length=48)
@@ -346,8 +344,7 @@ def test_a_streaming_run_killed_mid_stream_resumes_exactly(tmp_path):
         "callbacks.last_checkpoint.every_n_epochs=null",
         "test=false",
     ]
-    train(compose_config(tmp_path / "whole", run))
-    expected_checkpoint, expected_metrics = final_state(tmp_path / "whole")
+    expected_checkpoint, expected_metrics = trained_state(run, tmp_path / "whole")
     last = killed_run(run, tmp_path / "killed", kill_step=16)
     loader = torch.load(last, weights_only=False)["loops"]["fit_loop"]["state_dict"]
     workers = loader["combined_loader"][0]["_snapshot"]["_worker_snapshots"].values()
@@ -355,8 +352,7 @@ def test_a_streaming_run_killed_mid_stream_resumes_exactly(tmp_path):
         (1, 0),
         (1, 1),
     }
-    train(compose_config(tmp_path / "killed", [*run, f"ckpt_path={last}"]))
-    checkpoint, metrics = final_state(tmp_path / "killed")
+    checkpoint, metrics = trained_state(run, tmp_path / "killed", f"ckpt_path={last}")
     assert checkpoint["global_step"] == expected_checkpoint["global_step"] == 20
     assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
     assert metrics == expected_metrics

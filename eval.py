@@ -16,7 +16,7 @@ from omegaconf import DictConfig, open_dict
 
 from src.checkpoints.restore import restore
 from src.run.app import hydra_app
-from src.run.config_checks import check_config_types
+from src.run.config.checks import check_config_types
 from src.run.outputs import finish_run
 from src.run.trainer import build_trainer, run_overrides
 from src.utils.errors import ConfigError, MissingFileError

@@ -17,7 +17,7 @@ from PIL import Image, UnidentifiedImageError
 from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from src.checkpoints.restore import restore
-from src.data.image import ImageDataModule
+from src.data.image.datamodule import ImageDataModule
 from src.run.app import hydra_app
 from src.utils.errors import ConfigError, DataError, MissingFileError
 

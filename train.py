@@ -12,9 +12,9 @@ import lightning as L
 from omegaconf import DictConfig
 
 from src.run.app import hydra_app
-from src.run.config_checks import check_config_types
-from src.run.instantiate import instantiate_config
-from src.run.lm_evaluation import check_lm_eval_request, evaluate_after_training
+from src.run.config.checks import check_config_types
+from src.run.config.instantiate import instantiate_config
+from src.run.language.lm_evaluation import check_lm_eval_request, evaluate_after_training
 from src.run.lr_scaling import apply_lr_scaling
 from src.run.outputs import finish_run
 from src.run.resume import checked_ckpt_path

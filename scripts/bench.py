@@ -39,15 +39,15 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from benchmarks import machine
 from torch.utils.data import DataLoader, TensorDataset
 from torchvision.transforms import v2
 
-from src.data.image import TransformedDataset, precompute
-from src.models.cnn import CNN
-from src.models.simplenet import SimpleNet
-from src.run.benchmarks import machine
-from src.run.compose import compose_run_config
-from src.run.config_checks import check_config_types
+from src.data.image.datamodule import TransformedDataset, precompute
+from src.models.vision.cnn import CNN
+from src.models.vision.simplenet import SimpleNet
+from src.run.config.checks import check_config_types
+from src.run.config.compose import compose_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

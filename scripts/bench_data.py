@@ -100,7 +100,7 @@ def write_shards(corpus: Path, folder: Path, shards: int = SHARDS) -> list[Path]
 
 
 def train_bpe(folder: Path) -> None:
-    from src.data.tokenizers import train_bpe as train
+    from src.data.corpus.tokenizers import train_bpe as train
 
     train(lambda: iter(SHAKESPEARE.read_text().split("\n\n")), 2048).save(folder)
 
@@ -143,7 +143,7 @@ def child(spec: dict) -> dict:
         return anchor(spec, tokenizer)
     if spec["what"] == "stream":
         return stream(spec)
-    from src.data.text import TextDataModule
+    from src.data.text.pretraining import TextDataModule
 
     def module():
         return TextDataModule(
@@ -158,9 +158,9 @@ def child(spec: dict) -> dict:
 
     # What training imports, imported before the baseline and the clock.
     import torch  # noqa: F401
+    from benchmarks import model_config  # noqa: F401
 
-    from src.models.qwen import QwenLM  # noqa: F401
-    from src.run.benchmarks import model_config  # noqa: F401
+    from src.models.language.qwen import QwenLM  # noqa: F401
 
     base, anonymous = rss_mb(), PeakAnonymous()
     anonymous.start()
@@ -177,9 +177,9 @@ def child(spec: dict) -> dict:
 
 def train(data, started: float, steps: int) -> dict:
     import torch
+    from benchmarks import model_config
 
-    from src.models.qwen import QwenLM
-    from src.run.benchmarks import model_config
+    from src.models.language.qwen import QwenLM
 
     torch.manual_seed(0)
     config = model_config("qwen3_tiny", quick=True)
@@ -226,7 +226,7 @@ def loader_rate(data, batches: int = 300) -> float:
 
 def stream(spec: dict) -> dict:
     """`data.streaming=true` over the shards: time to the first batch, then the loader alone."""
-    from src.data.text import TextDataModule
+    from src.data.text.pretraining import TextDataModule
 
     base, anonymous = rss_mb(), PeakAnonymous()
     anonymous.start()
@@ -379,7 +379,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return []
-    from src.run.benchmarks import machine_line, markdown, publish
+    from benchmarks import machine_line, markdown, publish
 
     measure_all, columns = (run_streaming, STREAM_COLUMNS) if args.streaming else (run, COLUMNS)
     if args.work_dir:

@@ -19,7 +19,8 @@ asynchronously). The first step of each is reported apart
 (cold start), one more is a warm-up, then the two alternate, `--repeats` times, their order
 swapped every repeat; the table shows medians. Model FLOPs utilisation uses
 QwenLM.flops_per_token against the device's peak per precision: a GPU's dense datasheet figure
-(src/callbacks/peak_flops.py), or, on a CPU or an unlisted GPU, a matmul peak measured here.
+(src/callbacks/measurement/peak_flops.py), or, on a CPU or an unlisted GPU, a matmul peak measured
+here.
 `--memory` adds each implementation's peak memory over two training steps, each in a fresh
 process: its peak resident memory on a CPU, the most CUDA memory it allocated on a GPU.
 `--finetune` trains QwenLM alone instead, four ways, each in its own process: every weight
@@ -41,11 +42,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from benchmarks import CONF_DIR, ROOT, machine_line, markdown, model_config, publish
 
-from src.callbacks.peak_flops import gpu_peak_flops
-from src.models.adapters import attach_lora
-from src.models.qwen import QwenConfig, QwenLM
-from src.run.benchmarks import CONF_DIR, ROOT, machine_line, markdown, model_config, publish
+from src.callbacks.measurement.peak_flops import gpu_peak_flops
+from src.models.language.adapters import attach_lora
+from src.models.language.qwen import QwenConfig, QwenLM
 from src.utils.contracts import IGNORE_INDEX
 from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
 

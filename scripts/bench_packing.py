@@ -29,12 +29,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from benchmarks import machine_line, markdown, model_config, publish
 
-from src.data.packed_text import PackedTextDataModule
-from src.data.sft import SFTDataModule
-from src.data.text import TextDataModule
-from src.models.qwen import QwenLM
-from src.run.benchmarks import machine_line, markdown, model_config, publish
+from src.data.text.packed_text import PackedTextDataModule
+from src.data.text.pretraining import TextDataModule
+from src.data.text.sft import SFTDataModule
+from src.models.language.qwen import QwenLM
 from src.utils.contracts import IGNORE_INDEX
 
 ROOT = Path(__file__).resolve().parents[1]

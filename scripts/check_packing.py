@@ -7,7 +7,7 @@
 Builds the model of the given config overrides (as `train.py` would, in fp32, with freshly
 initialised weights unless the config loads pretrained ones), feeds the same random documents
 packed and padded, and prints the largest difference per check (see
-`src/data/packing_checks.py`). Exits with status 1 when a check fails its tolerance.
+`src/data/packing/checks.py`). Exits with status 1 when a check fails its tolerance.
 """
 
 import argparse
@@ -18,9 +18,9 @@ from pathlib import Path
 import hydra
 import torch
 
-from src.data.packing_checks import DEFAULT_LENGTHS, TOLERANCES, random_documents, run_checks
-from src.models.language_model import LanguageModel
-from src.run.compose import compose_run_config
+from src.data.packing.checks import DEFAULT_LENGTHS, TOLERANCES, random_documents, run_checks
+from src.models.language.language_model import LanguageModel
+from src.run.config.compose import compose_run_config
 from src.utils.errors import ConfigError, exit_on_user_error
 
 

@@ -2,8 +2,8 @@
 `python scripts/evaluate_lm.py ckpt_path=<run>/checkpoints/last.ckpt tasks=[sft_choice]`.
 
 The checkpoint is exported as a transformers folder and scored by lm-eval's `hf` wrapper
-(`src/run/lm_evaluation.py`). The results go to the run the checkpoint belongs to, the folder
-above its `checkpoints/` (else this command's own run directory): `lm_eval/results.json`, and
+(`src/run/language/lm_evaluation.py`). The results go to the run the checkpoint belongs to, the
+folder above its `checkpoints/` (else this command's own run directory): `lm_eval/results.json`, and
 `eval/<task>/<metric>` in its `metrics.json`. Settings: conf/evaluate_lm.yaml.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from src.run.app import hydra_app
-from src.run.lm_evaluation import LmEvalSettings, evaluate_checkpoint
+from src.run.language.lm_evaluation import LmEvalSettings, evaluate_checkpoint
 
 
 def run_dir_of(ckpt_path: Path, default: str) -> Path:

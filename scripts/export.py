@@ -20,15 +20,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from src.checkpoints.restore import restore
 from src.checkpoints.weights import save_weights
-from src.models.adapters import merged_network
+from src.models.language.adapters import merged_network
 from src.run.app import hydra_app
-from src.run.hf_export import export_for_transformers, export_peft
+from src.run.language.hf_export import export_for_transformers, export_peft
 from src.utils.errors import ConfigError
 from src.utils.weights import network_state_dict
 
 log = logging.getLogger(__name__)
 FILENAMES = {"safetensors": "model.safetensors", "state_dict": "model.pt"}
-FOLDERS = ("merged", "peft")  # written by src/run/hf_export.py
+FOLDERS = ("merged", "peft")  # written by src/run/language/hf_export.py
 
 
 def export(cfg: DictConfig) -> Path:

@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 
 from src.checkpoints.restore import restore
-from src.data.tokenizers import ByteTokenizer, load_pretrained
-from src.models.language_model import LanguageModel
-from src.models.qwen import QwenLM
+from src.data.corpus.tokenizers import ByteTokenizer, load_pretrained
+from src.models.language.language_model import LanguageModel
+from src.models.language.qwen import QwenLM
 from src.utils.contracts import Tokenizer
 from src.utils.errors import CheckpointError, exit_on_user_error
 

@@ -8,7 +8,7 @@ On the device, with the tiny dense and hybrid configs of conf/model:
 - `fused vs PyTorch, fp32`: flash-linear-attention and causal-conv1d (which take fp32) against
   the PyTorch recurrence and convolution, packed and unpacked, logits and every gradient;
 - `fused vs PyTorch, bf16`: every kernel (FlashAttention varlen too) under bf16 autocast, loss;
-- `packed vs padded`: src/data/packing_checks.py's checks (logits, loss, gradients, leaks);
+- `packed vs padded`: src/data/packing/checks.py's checks (logits, loss, gradients, leaks);
 - `bf16 vs fp32`: the hybrid's loss and gradient direction under bf16 autocast.
 The fused checks need CUDA and the `gpu` extra; without them they are reported as skipped.
 Each layer logs the path it took (INFO lines on stderr). Exits with status 1 when a check
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from benchmarks import machine_line, markdown, model_config, publish
 
-from src.data.packing_checks import DEFAULT_LENGTHS, TOLERANCES, random_documents, run_checks
-from src.models.qwen import QwenLM
-from src.models.qwen.kernels import PYTORCH, Kernels, installed_kernels
-from src.run.benchmarks import machine_line, markdown, model_config, publish
+from src.data.packing.checks import DEFAULT_LENGTHS, TOLERANCES, random_documents, run_checks
+from src.models.language.qwen import QwenLM
+from src.models.language.qwen.kernels import PYTORCH, Kernels, installed_kernels
 from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
 
 MODELS = {"dense": "qwen3_tiny", "hybrid": "qwen3_next_tiny"}

@@ -4,13 +4,13 @@
     python train.py experiment=lm_sft data.path=data/sft.jsonl
 
 Three lines in four are {"prompt": ..., "response": ...}, one in four the chat form
-{"messages": [...]}; the same seed writes the same file (see src/data/synthetic_sft.py).
+{"messages": [...]}; the same seed writes the same file (see src/data/text/synthetic_sft.py).
 """
 
 import argparse
 from pathlib import Path
 
-from src.data.synthetic_sft import TASKS, make_examples, write_jsonl
+from src.data.text.synthetic_sft import TASKS, make_examples, write_jsonl
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -18,8 +18,8 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from omegaconf import DictConfig
 
-from src.models.qwen import QwenConfig, QwenLM
-from src.run.compose import ROOT, compose_run_config
+from src.models.language.qwen import QwenConfig, QwenLM
+from src.run.config.compose import ROOT, compose_run_config
 from train import train
 
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from src.models.qwen.boundaries import DocumentBoundaries
-from src.models.qwen.deltanet import ShortConvolution
+from src.models.language.qwen.boundaries import DocumentBoundaries
+from src.models.language.qwen.deltanet import ShortConvolution
 
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 

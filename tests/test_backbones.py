@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from safetensors.torch import save_file
 from torchvision import models
 
-from src.data.imagefolder import image_classes
-from src.models.backbones import torchvision_backbone
+from src.data.image.imagefolder import image_classes
+from src.models.vision.backbones import torchvision_backbone
 from src.utils.errors import CheckpointError, ConfigError, MissingFileError, UserFacingError
 from tests.helpers import FAST, compose_config, write_image_folder
 from train import train
@@ -106,7 +106,7 @@ def test_a_weights_file_loads_the_backbone_and_leaves_a_new_head(
     cfg = compose_config(
         tmp_path, backbone_run("resnet18", image_folder, f"model.net.weights={path}")
     )
-    with caplog.at_level(logging.INFO, logger="src.models.backbones"):
+    with caplog.at_level(logging.INFO, logger="src.models.vision.backbones"):
         net = instantiate(cfg.model).net
     loaded = net.state_dict()
     for key, value in saved.items():

@@ -17,8 +17,8 @@ from safetensors.torch import save_file
 
 from scripts.generate import main as generate_main
 from src.checkpoints import io as checkpoint_io
+from src.run.config.key_hints import typo_hint
 from src.run.hydra_callbacks import check_writable
-from src.run.key_hints import typo_hint
 from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError
 from tests.helpers import (
     FAST,

@@ -1,5 +1,6 @@
 """`data.template=tokenizer`: conversations rendered with the tokenizer folder's chat template,
-supervising exactly the assistant turns and their end-of-turn token (src/data/chat_template.py).
+supervising exactly the assistant turns and their end-of-turn token
+(src/data/text/chat_template.py).
 
 Each test builds its own tokenizer folder: a small byte-level BPE with ChatML's special tokens,
 saved as transformers saves one, with a ChatML template or a Qwen3-like one that handles
@@ -16,10 +17,10 @@ from hydra.utils import instantiate
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from src.data.chat_template import ChatTemplate
-from src.data.sft import SFTDataModule, render_rows
-from src.data.tokenizers import load_pretrained
-from src.run.config_checks import check_config_types
+from src.data.corpus.tokenizers import load_pretrained
+from src.data.text.chat_template import ChatTemplate
+from src.data.text.sft import SFTDataModule, render_rows
+from src.run.config.checks import check_config_types
 from src.utils.errors import ConfigError, DataError, MissingFileError
 from tests.helpers import compose_config
 
@@ -212,7 +213,7 @@ def test_an_end_of_text_token_other_than_the_templates_end_of_turn_is_warned_abo
         path=str(path), template="tokenizer", tokenizer={"kind": "pretrained", "path": str(folder)}
     )
     module.tokenizer = load_pretrained(folder)
-    with caplog.at_level(logging.WARNING, logger="src.data.sft"):
+    with caplog.at_level(logging.WARNING, logger="src.data.text.sft"):
         module.encoder()
     assert "set data.tokenizer.eos_token=<|im_end|>" in caplog.text
     with pytest.raises(MissingFileError, match="is not a folder"):

@@ -10,9 +10,14 @@ import torch
 from PIL import Image
 
 from eval import evaluate
-from src.callbacks.class_report import ClassReport, class_results, console_table, write_csv
+from src.callbacks.measurement.class_report import (
+    ClassReport,
+    class_results,
+    console_table,
+    write_csv,
+)
 from src.checkpoints.restore import restore
-from src.models.language_model import LanguageModel
+from src.models.language.language_model import LanguageModel
 from tests.helpers import FAST, compose_config, quiet_trainer, small_image_folder_overrides
 from train import train
 
@@ -20,7 +25,7 @@ from train import train
 def with_class_report(run_dir: Path) -> list[str]:
     # `++`: the override holds whether or not conf/callbacks/default.yaml lists the callback.
     return [
-        "++callbacks.class_report._target_=src.callbacks.class_report.ClassReport",
+        "++callbacks.class_report._target_=src.callbacks.measurement.class_report.ClassReport",
         f"++callbacks.class_report.dirpath={run_dir}",
     ]
 
@@ -123,9 +128,11 @@ def test_a_language_model_test_writes_no_class_report(tmp_path, caplog):
         {"input_ids": torch.randint(0, 32, (2, 12)), "labels": torch.randint(0, 32, (2, 12))}
     ]
     report = ClassReport(str(tmp_path))
-    with caplog.at_level(logging.INFO, logger="src.callbacks.class_report"):
+    with caplog.at_level(logging.INFO, logger="src.callbacks.measurement.class_report"):
         quiet_trainer(callbacks=[report]).test(
             LanguageModel(config), dataloaders=torch.utils.data.DataLoader(batches, batch_size=None)
         )
     assert list(tmp_path.iterdir()) == [] and report.accuracy == {}
-    assert not [r for r in caplog.records if r.name == "src.callbacks.class_report"], caplog.text
+    assert not [r for r in caplog.records if r.name == "src.callbacks.measurement.class_report"], (
+        caplog.text
+    )

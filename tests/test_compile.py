@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, TensorDataset
 
-from src.callbacks.compile import Compile
+from src.callbacks.training.compile import Compile
 from tests.helpers import FAST, compose_config, quiet_trainer
 from train import train
 
@@ -56,7 +56,7 @@ def test_a_recompilation_storm_is_reported_with_its_reason(caplog):
     callback = Compile(backend="eager", dynamic=False, max_recompiles=2)
     trainer = quiet_trainer(max_steps=5, callbacks=[callback])
     loader = DataLoader(TensorDataset(torch.randn(40, 4)), batch_size=8)
-    with caplog.at_level(logging.WARNING, logger="src.callbacks.compile"):
+    with caplog.at_level(logging.WARNING, logger="src.callbacks.training.compile"):
         trainer.fit(ShapeShifter(), loader)
     assert len(callback.recorder.reasons) == 4  # batch sizes 2, 3, 4 and 5 are new shapes
     storm = [r.getMessage() for r in caplog.records if "Recompilation storm" in r.getMessage()]

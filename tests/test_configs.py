@@ -8,8 +8,8 @@ import torch
 from lightning.pytorch import Callback
 from lightning.pytorch.loggers import Logger
 
-from src.run.config_checks import check_config_types
-from src.run.instantiate import instantiate_group
+from src.run.config.checks import check_config_types
+from src.run.config.instantiate import instantiate_group
 from tests.helpers import FAST, ROOT, compose_config
 from train import train
 

@@ -3,10 +3,10 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from src.data.digits import DigitsDataModule
-from src.data.imagefolder import ImageFolderDataModule
-from src.data.mnist import MNISTDataModule
-from src.data.tensors import TensorDataModule
+from src.data.image.digits import DigitsDataModule
+from src.data.image.imagefolder import ImageFolderDataModule
+from src.data.image.mnist import MNISTDataModule
+from src.data.image.tensors import TensorDataModule
 from tests.helpers import learnable_images, write_image_folder, write_mnist
 
 

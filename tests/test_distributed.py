@@ -17,9 +17,9 @@ from lightning.pytorch import Callback
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch.distributed.fsdp import ShardingStrategy
 
-from src.callbacks.process_group import DestroyProcessGroupAtExit
-from src.models.parallel import shard_decoder_layers
-from src.run.config_checks import check_config_types
+from src.callbacks.training.process_group import DestroyProcessGroupAtExit
+from src.models.language.parallel import shard_decoder_layers
+from src.run.config.checks import check_config_types
 from src.run.trainer import build_trainer, check_launch
 from src.utils.errors import ConfigError
 from tests.helpers import (
@@ -271,7 +271,7 @@ EXIT_PROBE = """
 import atexit, sys
 import torch
 import torch.distributed as dist
-from src.callbacks.process_group import DestroyProcessGroupAtExit
+from src.callbacks.training.process_group import DestroyProcessGroupAtExit
 
 atexit.register(lambda: print("group alive at exit:", dist.is_initialized()))
 dist.init_process_group("gloo", init_method=sys.argv[1], rank=0, world_size=1)

@@ -7,11 +7,11 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from src.data.tokenizers import ByteTokenizer
-from src.models.language_model import LanguageModel
-from src.run.hf_export import export_for_transformers
-from src.run.lm_eval_tasks.sft_choice import QUESTIONS, make_questions
-from src.run.lm_evaluation import LmEvalSettings, evaluate_checkpoint, metrics_of
+from src.data.corpus.tokenizers import ByteTokenizer
+from src.models.language.language_model import LanguageModel
+from src.run.language.hf_export import export_for_transformers
+from src.run.language.lm_eval_tasks.sft_choice import QUESTIONS, make_questions
+from src.run.language.lm_evaluation import LmEvalSettings, evaluate_checkpoint, metrics_of
 from src.utils.errors import ConfigError
 from tests.helpers import FAST, ROOT, TINY_LM, compose_config, run_script, run_train, tiny_config
 from train import train

@@ -6,7 +6,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from src.models.cnn import CNN
+from src.models.vision.cnn import CNN
 from src.utils.errors import CheckpointError
 from src.utils.weights import load_network_weights, read_weights
 from tests.helpers import (
@@ -101,7 +101,7 @@ def test_export_then_pretrained_gives_the_same_predictions(tmp_path, trained_cnn
     best = record["best_model_path"]
     out = tmp_path / "export"
     run_script("scripts/export.py", [f"ckpt_path={best}", f"format={fmt}", f"hydra.run.dir={out}"])
-    assert (out / "config.yaml").read_text().count("src.models.cnn.CNN") == 1
+    assert (out / "config.yaml").read_text().count("src.models.vision.cnn.CNN") == 1
     exported = read_weights(out / filename)
     assert set(exported) == {
         k.removeprefix("net.") for k in weights(run_dir) if k.startswith("net.")
@@ -122,7 +122,7 @@ def test_export_then_pretrained_gives_the_same_predictions(tmp_path, trained_cnn
 
 def test_weights_of_another_model_name_the_offending_keys(trained_cnn):
     run_dir, _ = trained_cnn
-    from src.models.simplenet import SimpleNet
+    from src.models.vision.simplenet import SimpleNet
 
     with pytest.raises(CheckpointError) as error:
         load_network_weights(SimpleNet([1, 8, 8], 10), run_dir / "checkpoints" / "last.ckpt")

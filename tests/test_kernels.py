@@ -17,11 +17,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from src.models.qwen import QwenConfig, QwenLM
-from src.models.qwen.boundaries import DocumentBoundaries
-from src.models.qwen.delta_rule import chunk_gated_delta_rule
-from src.models.qwen.deltanet import GatedDeltaNet
-from src.models.qwen.kernels import PYTORCH, Kernels
+from src.models.language.qwen import QwenConfig, QwenLM
+from src.models.language.qwen.boundaries import DocumentBoundaries
+from src.models.language.qwen.delta_rule import chunk_gated_delta_rule
+from src.models.language.qwen.deltanet import GatedDeltaNet
+from src.models.language.qwen.kernels import PYTORCH, Kernels
 from tests.kernel_doubles import causal_conv1d_fn, recorded, varlen_attn
 
 pytestmark = [pytest.mark.kernels, pytest.mark.slow]
@@ -88,7 +88,7 @@ def test_the_hybrid_model_gives_the_same_results_on_its_kernel_path(measured):
 def test_importing_and_running_the_model_on_cpu_imports_no_kernel_package():
     code = (
         "import sys, torch\n"
-        "from src.models.qwen import QwenConfig, QwenLM\n"
+        "from src.models.language.qwen import QwenConfig, QwenLM\n"
         "config = QwenConfig(model_type='qwen3_next', vocab_size=64, hidden_size=32, "
         "intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,"
         " head_dim=16, linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=8,"

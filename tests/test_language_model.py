@@ -15,8 +15,8 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoi
 from eval import evaluate
 from scripts.generate import main as generate_main
 from src.checkpoints.restore import restore
-from src.data.byte_text import ByteTextDataModule, ByteTokenizer, TokenWindows
-from src.models.language_model import LanguageModel
+from src.data.text.byte_text import ByteTextDataModule, ByteTokenizer, TokenWindows
+from src.models.language.language_model import LanguageModel
 from src.models.optimization import warmup_cosine
 from tests.helpers import FAST, ROOT, TINY_LM, compose_config, quiet_trainer
 from train import train
@@ -311,7 +311,7 @@ def test_byte_windows_are_read_by_position_and_the_last_ends_with_end_of_text(
 
 
 def test_the_old_seq_len_key_still_sets_max_seq_len_with_a_deprecation_message(tmp_path, caplog):
-    with caplog.at_level("WARNING", logger="src.data.byte_text"):
+    with caplog.at_level("WARNING", logger="src.data.text.byte_text"):
         data = ByteTextDataModule(str(SHAKESPEARE), seq_len=48)
     assert data.max_seq_len == 48
     assert "data.seq_len is deprecated: it is data.max_seq_len=48 now" in caplog.text
@@ -333,7 +333,7 @@ def test_a_vocabulary_larger_than_the_model_is_refused(tmp_path):
 
 
 def test_model_kernels_chooses_the_layers_kernels_and_refuses_anything_else(tmp_path):
-    from src.models.qwen.kernels import PYTORCH
+    from src.models.language.qwen.kernels import PYTORCH
     from src.utils.errors import ConfigError
 
     cfg = compose_config(tmp_path, ["model=qwen3_next_tiny", "model.kernels=pytorch"])

@@ -10,7 +10,7 @@ from hydra.core.global_hydra import GlobalHydra
 from torch.distributed import TCPStore
 
 from src.run import launch
-from src.run.compose import CONF_DIR
+from src.run.config.compose import CONF_DIR
 from src.utils.errors import LaunchError
 from tests.helpers import free_port
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from src.models.language_model import LanguageModel
-from src.models.qwen import QwenLM
+from src.models.language.language_model import LanguageModel
+from src.models.language.qwen import QwenLM
 from src.utils.contracts import IGNORE_INDEX
 from src.utils.errors import ConfigError
 from tests.helpers import perturbed_model, tiny_config

@@ -1,6 +1,6 @@
-"""LoRA adapters (`adapter=lora`, src/models/adapters.py): only the adapters train, checkpoints
-name their base instead of holding it, runs resume exactly, and the adapters export to peft's
-format, which transformers' models load with the same logits."""
+"""LoRA adapters (`adapter=lora`, src/models/language/adapters.py): only the adapters train,
+checkpoints name their base instead of holding it, runs resume exactly, and the adapters export to
+peft's format, which transformers' models load with the same logits."""
 
 import json
 from functools import partial
@@ -14,18 +14,18 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
 from src.checkpoints.restore import restore
-from src.data.tokenizers import ByteTokenizer
-from src.models.adapters import (
+from src.data.corpus.tokenizers import ByteTokenizer
+from src.models.language.adapters import (
     DEFAULT_TARGETS,
     adapter_state,
     attach_lora,
     fingerprint,
     is_adapter_key,
 )
-from src.models.language_model import LanguageModel
-from src.models.qwen import QwenConfig, QwenLM
-from src.run.config_checks import check_config_types
-from src.run.hf_export import export_for_transformers, export_peft
+from src.models.language.language_model import LanguageModel
+from src.models.language.qwen import QwenConfig, QwenLM
+from src.run.config.checks import check_config_types
+from src.run.language.hf_export import export_for_transformers, export_peft
 from src.utils.errors import CheckpointError, ConfigError
 from tests.helpers import (
     FAST,

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from src.models.cnn import CNN
-from src.models.simplenet import SimpleNet
+from src.models.vision.cnn import CNN
+from src.models.vision.simplenet import SimpleNet
 
 
 def test_simplenet_is_the_classic_784_128_10_mlp_on_mnist_shapes():

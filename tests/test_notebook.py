@@ -7,7 +7,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from src.run.compose import ROOT
+from src.run.config.compose import ROOT
 
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
 KERNEL = "pytorch-template"

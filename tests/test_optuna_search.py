@@ -19,10 +19,10 @@ from optuna.trial import TrialState
 
 from hydra_plugins.optuna_ask_tell.config import PRUNERS, SAMPLERS
 from hydra_plugins.optuna_ask_tell.sweeper import batch_sizes, consecutive_runs
-from src.callbacks.optuna_pruning import PRUNED_AT_STEP
-from src.run.search_processes import gpu_slots, run_in_processes
-from src.run.search_space import search_space, trial_overrides
-from src.run.search_study import open_study, tell
+from src.callbacks.training.optuna_pruning import PRUNED_AT_STEP
+from src.run.search.processes import gpu_slots, run_in_processes
+from src.run.search.space import search_space, trial_overrides
+from src.run.search.study import open_study, tell
 from src.utils.errors import ConfigError
 from tests.helpers import FAST, run_train
 

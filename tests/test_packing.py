@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from src.data.collate import IGNORE_INDEX, collate_rows
-from src.data.packing import Sample, fit_to_length, pack
-from src.data.rows import PackedRows
-from src.data.token_store import StoreWriter, TokenStore
+from src.data.corpus.rows import PackedRows
+from src.data.corpus.token_store import StoreWriter, TokenStore
+from src.data.packing.collate import IGNORE_INDEX, collate_rows
+from src.data.packing.packing import Sample, fit_to_length, pack
 from src.utils.errors import DataError
 
 X = IGNORE_INDEX

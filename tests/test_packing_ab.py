@@ -8,7 +8,7 @@ must stay below the spread that a change of seed alone causes.
 
 import pytest
 
-from src.data.text import TextDataModule
+from src.data.text.pretraining import TextDataModule
 from tests.helpers import FAST, compose_config, shakespeare_excerpt, text_lm_overrides
 from train import train
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from scripts.check_packing import main as check_packing_main
-from src.data.collate import collate_rows
-from src.data.packing_checks import (
+from src.data.packing.checks import (
     DEFAULT_LENGTHS,
     TOLERANCES,
     batches,
@@ -16,9 +15,10 @@ from src.data.packing_checks import (
     random_documents,
     run_checks,
 )
-from src.data.text import TextDataModule
-from src.models.language_model import LanguageModel
-from src.models.qwen import QwenLM
+from src.data.packing.collate import collate_rows
+from src.data.text.pretraining import TextDataModule
+from src.models.language.language_model import LanguageModel
+from src.models.language.qwen import QwenLM
 from tests.helpers import perturbed_model, quiet_trainer, shakespeare_excerpt, tiny_config
 
 ROW_LENGTH = 64  # four DeltaNet chunks of 16: documents start and end inside chunks

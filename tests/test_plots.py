@@ -7,7 +7,7 @@ import hydra
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from src.callbacks.plots import Plots, throughput_windows
+from src.callbacks.measurement.plots import Plots, throughput_windows
 from src.run.trainer import build_trainer, plain_config
 from tests.helpers import FAST, TINY_LM, compose_config
 

@@ -14,7 +14,7 @@ from torchvision.transforms import v2
 
 from predict import predict, report
 from src.checkpoints.restore import restore
-from src.data.imagefolder import ImageFolderDataModule
+from src.data.image.imagefolder import ImageFolderDataModule
 from src.utils.errors import CheckpointError, DataError, MissingFileError
 from tests.helpers import FAST, compose_config, run_script, small_image_folder_overrides
 from train import train

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from src.callbacks.profile_report import analyse_trace, classify
+from src.callbacks.measurement.profile_report import analyse_trace, classify
 from tests.helpers import FAST, compose_config
 from train import train
 

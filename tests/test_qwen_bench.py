@@ -4,10 +4,10 @@ import re
 
 import pytest
 import torch
+from benchmarks import model_config
 
 from scripts.bench_lm import main as bench_main
-from src.models.qwen import QwenConfig, QwenLM
-from src.run.benchmarks import model_config
+from src.models.language.qwen import QwenConfig, QwenLM
 
 HEADER = (
     "| model | precision | params | ours tok/s | transformers tok/s | speedup | ours MFU "

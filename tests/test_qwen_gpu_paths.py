@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from src.models.qwen import QwenLM, deltanet, kernels
-from src.models.qwen.attention import grouped_sdpa, sdpa_expands_kv
-from src.models.qwen.boundaries import DocumentBoundaries
-from src.models.qwen.deltanet import GatedDeltaNet
-from src.models.qwen.kernels import (
+from src.models.language.qwen import QwenLM, deltanet, kernels
+from src.models.language.qwen.attention import grouped_sdpa, sdpa_expands_kv
+from src.models.language.qwen.boundaries import DocumentBoundaries
+from src.models.language.qwen.deltanet import GatedDeltaNet
+from src.models.language.qwen.kernels import (
     PYTORCH,
     Kernels,
     causal_conv1d_fits,

@@ -8,9 +8,9 @@ import torch
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from src.models.language_model import LanguageModel
-from src.models.qwen import QwenConfig, QwenLM
-from src.models.qwen.hf_io import check_same_architecture, config_from_hf
+from src.models.language.language_model import LanguageModel
+from src.models.language.qwen import QwenConfig, QwenLM
+from src.models.language.qwen.hf_io import check_same_architecture, config_from_hf
 from src.utils.errors import CheckpointError, ConfigError
 from tests.helpers import ROOT, perturbed_model, tiny_config
 

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from src.models.qwen import QwenConfig, QwenLM
-from src.models.qwen.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
-from src.models.qwen.generation import Cache
+from src.models.language.qwen import QwenConfig, QwenLM
+from src.models.language.qwen.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
+from src.models.language.qwen.generation import Cache
 from tests.helpers import ROOT, max_difference, perturbed_model, tiny_config
 
 TOLERANCE = 1e-5

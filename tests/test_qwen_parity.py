@@ -4,7 +4,7 @@ loaded in either direction. transformers is the reference implementation, used i
 import pytest
 import torch
 
-from src.models.qwen import QwenLM
+from src.models.language.qwen import QwenLM
 from tests.helpers import max_difference, perturbed_model, tiny_config
 
 transformers = pytest.importorskip("transformers")

@@ -13,7 +13,7 @@ import pytest
 import torch
 from lightning.pytorch import Callback
 
-from src.callbacks.finite_check import NonFiniteError
+from src.callbacks.training.finite_check import NonFiniteError
 from tests.helpers import FAST, ROOT, compose_config
 from train import train
 

@@ -11,9 +11,9 @@ from lightning.pytorch import Callback
 from eval import evaluate
 from scripts.generate import main as generate_main
 from src.checkpoints.restore import restore
-from src.data.text import TextDataModule
-from src.data.tokenizers import ByteTokenizer, build_tokenizer, tokenizer_state
-from src.models.language_model import LanguageModel
+from src.data.corpus.tokenizers import ByteTokenizer, build_tokenizer, tokenizer_state
+from src.data.text.pretraining import TextDataModule
+from src.models.language.language_model import LanguageModel
 from src.utils.errors import CheckpointError, ConfigError
 from tests.helpers import (
     FAST,
@@ -167,6 +167,20 @@ def test_an_old_checkpoint_with_retired_model_keys_and_no_optimizer_restores(
     images = torch.randn(5, 1, 8, 8, generator=torch.Generator().manual_seed(1))
     assert torch.equal(logits(restored.model, images), logits(trained, images)), "logits differ"
     assert "no longer takes, left out: lr, retired_option" in caplog.text
+
+
+def test_a_checkpoint_naming_modules_from_before_the_regrouping_restores(digits_run, tmp_path):
+    last, trained = digits_run
+    checkpoint = torch.load(last, weights_only=True)
+    config = checkpoint["run_config"]["config"]
+    assert config["model"]["net"]["_target_"].startswith("src.models.vision."), config["model"]
+    # As written before src/models and src/data were grouped by domain.
+    config["model"]["_target_"] = "src.models.classifier.ImageClassifier"
+    config["model"]["net"]["_target_"] = config["model"]["net"]["_target_"].replace(".vision", "")
+    config["data"]["_target_"] = "src.data.digits.DigitsDataModule"
+    restored = restore(resave(checkpoint, tmp_path / "old.ckpt"))
+    images = torch.randn(5, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(logits(restored.model, images), logits(trained, images)), "logits differ"
 
 
 def test_an_old_byte_level_lm_checkpoint_restores_with_bytes(bpe_run, tmp_path, caplog):

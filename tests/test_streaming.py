@@ -14,13 +14,13 @@ import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from src.data.collate import collate_rows
-from src.data.packing import fit_to_length
-from src.data.readers import resolve_stream_files
-from src.data.rows import PackedRows
-from src.data.streaming import StreamedRows
-from src.data.text import TextDataModule, encode_documents
-from src.data.tokenizers import ByteTokenizer
+from src.data.corpus.readers import resolve_stream_files
+from src.data.corpus.rows import PackedRows
+from src.data.corpus.tokenizers import ByteTokenizer
+from src.data.packing.collate import collate_rows
+from src.data.packing.packing import fit_to_length
+from src.data.text.pretraining import TextDataModule, encode_documents
+from src.data.text.streaming import StreamedRows
 from src.utils.errors import ConfigError, DataError, MissingFileError, user_message
 from tests.helpers import (
     FAST,

@@ -8,9 +8,9 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from src.run.compose import CONF_DIR
+from src.run.config.compose import CONF_DIR
 from src.run.launch import register_launch_resolvers
-from src.run.sweep_summary import SweepSummary, plot_metric
+from src.run.search.sweep_summary import SweepSummary, plot_metric
 from tests.helpers import FAST, run_train
 
 

@@ -12,13 +12,13 @@ from torch import nn
 from scripts.generate import main as generate_main
 from scripts.make_sft_data import main as make_sft_data_main
 from src.checkpoints.restore import restore
-from src.data.packed_text import PackedTextDataModule
-from src.data.sft import SFTDataModule
-from src.data.synthetic_sft import TASKS, make_examples
-from src.data.text import TextDataModule
-from src.data.tokenizers import ByteTokenizer, build_tokenizer, load_pretrained
-from src.models.exact_match import count_exact_matches
-from src.models.qwen import QwenConfig
+from src.data.corpus.tokenizers import ByteTokenizer, build_tokenizer, load_pretrained
+from src.data.text.packed_text import PackedTextDataModule
+from src.data.text.pretraining import TextDataModule
+from src.data.text.sft import SFTDataModule
+from src.data.text.synthetic_sft import TASKS, make_examples
+from src.models.language.exact_match import count_exact_matches
+from src.models.language.qwen import QwenConfig
 from src.utils.errors import ConfigError
 from tests.helpers import FAST, TINY_LM, compose_config, text_lm_overrides
 from train import train

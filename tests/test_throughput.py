@@ -8,11 +8,11 @@ import torch
 from lightning.pytorch import LightningModule
 from torch.utils.data import DataLoader, Dataset
 
-from src.callbacks import peak_flops, throughput
-from src.callbacks.throughput import Throughput, measure_flops_per_batch
-from src.models.classifier import ImageClassifier
-from src.models.language_model import LanguageModel
-from src.models.simplenet import SimpleNet
+from src.callbacks.measurement import peak_flops, throughput
+from src.callbacks.measurement.throughput import Throughput, measure_flops_per_batch
+from src.models.language.language_model import LanguageModel
+from src.models.vision.classifier import ImageClassifier
+from src.models.vision.simplenet import SimpleNet
 from tests.helpers import FAST, compose_config, quiet_trainer, tiny_config
 from train import train
 

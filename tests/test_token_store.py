@@ -15,13 +15,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import src.data.readers as readers
-import src.data.token_store as token_store
-from src.data.packing import pack
-from src.data.sft import SFTDataModule
-from src.data.text import TextDataModule
-from src.data.token_store import token_dtype
-from src.data.tokenizers import train_bpe
+import src.data.corpus.readers as readers
+import src.data.corpus.token_store as token_store
+from src.data.corpus.token_store import token_dtype
+from src.data.corpus.tokenizers import train_bpe
+from src.data.packing.packing import pack
+from src.data.text.pretraining import TextDataModule
+from src.data.text.sft import SFTDataModule
 from src.utils.errors import DataError, MissingFileError
 
 DOCUMENTS = [f"Speech {i}: " + " ".join(["thou"] * (1 + (i * 11) % 50)) for i in range(40)]
@@ -230,7 +230,7 @@ def test_a_txt_corpus_is_tokenised_a_part_at_a_time_into_the_same_store(tmp_path
     opened = []
     original = readers.separately_mapped_parts
     monkeypatch.setattr(
-        "src.data.packed_text.separately_mapped_parts",
+        "src.data.text.packed_text.separately_mapped_parts",
         lambda corpus: (opened.append(part) or part for part in original(corpus)),
     )
     parts = text_store([corpus], tmp_path / "parts", document_split="line")

@@ -80,7 +80,10 @@ def test_checkpoints_load_weights_only_with_plain_hyperparameters(tmp_path):
     train(compose_config(tmp_path, [*FAST, "model=cnn"]))
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert checkpoint["hyper_parameters"] == {"num_classes": 10, "input_shape": [1, 8, 8]}
-    assert checkpoint["run_config"]["config"]["model"]["net"]["_target_"] == "src.models.cnn.CNN"
+    assert (
+        checkpoint["run_config"]["config"]["model"]["net"]["_target_"]
+        == "src.models.vision.cnn.CNN"
+    )
     assert "model=cnn" in checkpoint["run_config"]["overrides"]
 
 

@@ -8,7 +8,7 @@ import hydra
 import pytest
 import torch
 
-from src.callbacks.lr_find import LRFinder
+from src.callbacks.training.lr_find import LRFinder
 from src.run.trainer import build_trainer
 from src.utils.weights import load_checkpoint
 from tests.helpers import FAST, compose_config

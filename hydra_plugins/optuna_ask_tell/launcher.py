@@ -32,7 +32,7 @@ class ProcessLauncher(Launcher):
     def launch(
         self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int
     ) -> Sequence[JobReturn]:
-        from src.run.search_processes import run_in_processes
+        from src.run.search.processes import run_in_processes
 
         setup_globals()
         state = Singleton.get_state()

@@ -7,8 +7,8 @@ rejects `hydra.mode: MULTIRUN` in a group config such as conf/hparams_search/opt
 Ask/tell keeps it a short loop: ask for a batch of `n_jobs` trials, launch them as one batch
 of jobs numbered after their trials, tell the study how each ended.
 
-Only the glue to Hydra is here; the search space (src/run/search_space.py) and the study
-(src/run/search_study.py) are the project's, imported when a search starts, not each time
+Only the glue to Hydra is here; the search space (src/run/search/space.py) and the study
+(src/run/search/study.py) are the project's, imported when a search starts, not each time
 Hydra scans its plugins.
 """
 
@@ -58,8 +58,8 @@ class OptunaSweeper(Sweeper):
     def sweep(self, arguments: list[str]) -> None:
         from optuna.trial import TrialState
 
-        from src.run.search_space import search_space, trial_overrides
-        from src.run.search_study import open_study, tell, write_results
+        from src.run.search.space import search_space, trial_overrides
+        from src.run.search.study import open_study, tell, write_results
 
         distributions, fixed = search_space(self.params, arguments)
         study = open_study(self.storage, self.study_name, self.direction, self.sampler, self.pruner)

@@ -35,6 +35,40 @@ TRAINING_ONLY = ("optimizer", "scheduler")
 TRUSTED_PREFIXES = ("src.", "torch.optim.", "torchvision.transforms.")
 TRUSTED_TARGETS = ("hydra.utils.get_object",)
 _ABSENT = object()
+# Where the modules a stored config names live since src/ was grouped by domain: a checkpoint
+# written before names `src.models.cnn.CNN`, which is `src.models.vision.cnn.CNN` now.
+MOVED_MODULES = {
+    "src.data.digits": "src.data.image.digits",
+    "src.data.image": "src.data.image.datamodule",
+    "src.data.imagefolder": "src.data.image.imagefolder",
+    "src.data.mnist": "src.data.image.mnist",
+    "src.data.tensors": "src.data.image.tensors",
+    "src.data.text": "src.data.text.pretraining",
+    "src.data.packed_text": "src.data.text.packed_text",
+    "src.data.sft": "src.data.text.sft",
+    "src.data.byte_text": "src.data.text.byte_text",
+    "src.data.streaming": "src.data.text.streaming",
+    "src.data.synthetic_sft": "src.data.text.synthetic_sft",
+    "src.data.chat_template": "src.data.text.chat_template",
+    "src.data.readers": "src.data.corpus.readers",
+    "src.data.tokenizers": "src.data.corpus.tokenizers",
+    "src.data.encoding": "src.data.corpus.encoding",
+    "src.data.token_store": "src.data.corpus.token_store",
+    "src.data.rows": "src.data.corpus.rows",
+    "src.data.packing": "src.data.packing.packing",
+    "src.data.collate": "src.data.packing.collate",
+    "src.data.packing_checks": "src.data.packing.checks",
+    "src.models.backbones": "src.models.vision.backbones",
+    "src.models.classifier": "src.models.vision.classifier",
+    "src.models.cnn": "src.models.vision.cnn",
+    "src.models.simplenet": "src.models.vision.simplenet",
+    "src.models.language_model": "src.models.language.language_model",
+    "src.models.adapters": "src.models.language.adapters",
+    "src.models.exact_match": "src.models.language.exact_match",
+    "src.models.parallel": "src.models.language.parallel",
+    "src.models.qwen": "src.models.language.qwen",
+}
+MOVED_QWEN = "src.models.qwen"  # a package: its modules moved with it
 
 
 @dataclass(frozen=True)
@@ -59,12 +93,12 @@ def restore(ckpt_path: str | Path, overrides: Sequence[str] = ()) -> Restored:
             f"{ckpt_path} records no run config, so the model it holds cannot be rebuilt. Use a "
             f"checkpoint written by train.py (e.g. <run dir>/checkpoints/last.ckpt)."
         )
-    config = apply_overrides(OmegaConf.create(stored["config"]), overrides)
+    config = apply_overrides(OmegaConf.create(moved_targets(stored["config"])), overrides)
     for group in ("model", "data"):
         check_targets(OmegaConf.to_container(config[group]), f"{ckpt_path}: {group}")
     model = hydra.utils.instantiate(inference_node(config.model, ckpt_path))
     # As Trainer does before loading: the model may complete its state there (a LoRA run's
-    # checkpoint names its frozen base instead of holding it, src/models/adapters.py).
+    # checkpoint names its frozen base instead of holding it, src/models/language/adapters.py).
     model.on_load_checkpoint(checkpoint)
     if problems := describe_mismatch(model.state_dict(), checkpoint["state_dict"]):
         raise CheckpointError(
@@ -77,6 +111,22 @@ def restore(ckpt_path: str | Path, overrides: Sequence[str] = ()) -> Restored:
     datamodule.load_state_dict(checkpoint.get(type(datamodule).__qualname__, {}))
     tokenizer = datamodule.tokenizer if isinstance(datamodule, TokenizedData) else None
     return Restored(config, model.eval(), datamodule, tokenizer, checkpoint)
+
+
+def moved_targets(node: Any) -> Any:
+    """`node` with every `_target_` in a module that has moved (MOVED_MODULES) renamed."""
+    if isinstance(node, list):
+        return [moved_targets(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    node = {key: moved_targets(value) for key, value in node.items()}
+    if isinstance(target := node.get("_target_"), str):
+        module, _, name = target.rpartition(".")
+        if module in MOVED_MODULES:
+            node["_target_"] = f"{MOVED_MODULES[module]}.{name}"
+        elif module.startswith(f"{MOVED_QWEN}."):
+            node["_target_"] = target.replace(MOVED_QWEN, MOVED_MODULES[MOVED_QWEN], 1)
+    return node
 
 
 def check_targets(node: Any, where: str) -> None:

@@ -1,1 +1,5 @@
-"""Networks (`simplenet`, `cnn`) and the LightningModules that train them."""
+"""Networks and the LightningModules that train them.
+
+`vision/` holds the image classifiers, `language/` the Qwen family with LoRA and sharding; the
+optimizer contract they share sits here.
+"""

@@ -14,8 +14,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from src.run import console
-from src.run.config_checks import check_accelerator, check_required_values
-from src.run.key_hints import typo_hint
+from src.run.config.checks import check_accelerator, check_required_values
+from src.run.config.key_hints import typo_hint
 from src.run.launch import register_launch_resolvers
 from src.run.run_lock import pinned_run_dir, run_dir_lock
 from src.utils.errors import exit_on_user_error

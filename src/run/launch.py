@@ -130,7 +130,7 @@ def rank_suffix() -> str:
 def image_classes(data_dir: str) -> int:
     """data=imagefolder's `num_classes`: its class folders, counted when the config is read
     (imported then: the data layer loads torchvision, which a launcher process never needs)."""
-    from src.data.imagefolder import image_classes as count_classes
+    from src.data.image.imagefolder import image_classes as count_classes
 
     return count_classes(data_dir)
 

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from src.callbacks.class_report import ClassReport
-from src.callbacks.throughput import Throughput
+from src.callbacks.measurement.class_report import ClassReport
+from src.callbacks.measurement.throughput import Throughput
 from src.utils.files import write_atomically
 from src.utils.lightning import as_number
 

@@ -19,7 +19,7 @@ from lightning.fabric.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from src.callbacks.preemption import Preemption, resume_command
+from src.callbacks.checkpointing.preemption import Preemption, resume_command
 from src.checkpoints.weights import check_checkpoint_fits
 from src.run.launch import in_multi_task_srun_step
 from src.utils.errors import MissingFileError

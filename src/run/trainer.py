@@ -10,12 +10,12 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from src.callbacks.exact_match import ExactMatch
-from src.callbacks.preemption import Preemption
-from src.callbacks.process_group import DestroyProcessGroupAtExit
-from src.callbacks.run_config import RunConfigInCheckpoint
-from src.run.fit_checks import ModelFitsData
-from src.run.instantiate import instantiate_config, instantiate_group
+from src.callbacks.checkpointing.preemption import Preemption
+from src.callbacks.checkpointing.run_config import RunConfigInCheckpoint
+from src.callbacks.measurement.exact_match import ExactMatch
+from src.callbacks.training.process_group import DestroyProcessGroupAtExit
+from src.run.config.fit_checks import ModelFitsData
+from src.run.config.instantiate import instantiate_config, instantiate_group
 from src.run.launch import external_launcher
 from src.utils.errors import LaunchError
 from src.utils.hardware import machine_precision

@@ -15,7 +15,7 @@ IGNORE_INDEX = -100
 
 # What a batch holds. A model class declares the kind it trains on and a datamodule class the
 # kind it yields, both as `batch_kind`, so that a pair that cannot work together is refused by
-# name before anything is built (src/run/config_checks.py).
+# name before anything is built (src/run/config/checks.py).
 IMAGES = "labelled images"
 TOKENS = "token sequences"
 
@@ -82,7 +82,7 @@ class ReportsTokenAccounting(Protocol):
     """A text datamodule that says what its over-long policy and packing did to the tokens."""
 
     max_seq_len: int
-    accounting: Mapping[str, Any]  # split -> src.data.packing.TokenAccounting
+    accounting: Mapping[str, Any]  # split -> src.data.packing.packing.TokenAccounting
 
     def packing_metrics(self) -> dict[str, float]: ...
 

@@ -1,0 +1,242 @@
+"""The LightningModule that trains a QwenLM on next-token prediction."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torchmetrics import MaxMetric, SumMetric
+
+from src.models.language.adapters import attach_lora, complete_state_dict, strip_base
+from src.models.language.exact_match import count_exact_matches
+from src.models.language.parallel import shard_decoder_layers
+from src.models.language.qwen import QwenConfig, QwenLM
+from src.models.language.qwen.kernels import PYTORCH
+from src.models.language.qwen.loss import TokenLoss
+from src.models.optimization import OptimizedModule, OptimizerFactory
+from src.utils.contracts import TOKENS, ExactMatchExample, Tokenizer
+from src.utils.errors import ConfigError
+
+# Summed over a validation or test split: token losses, supervised tokens, and tokens predicted
+# right (argmax).
+EVAL_SUMS = ("loss", "tokens", "correct")
+# model.kernels: None lets each layer use the installed fused kernels on GPU inputs.
+KERNEL_CHOICES = {"auto": None, "pytorch": PYTORCH}
+
+
+class LanguageModel(OptimizedModule):
+    """Cross-entropy on pre-shifted labels, with the optimizer and schedule of the config groups.
+
+    Batches are dicts: `input_ids` and `labels` [B, T] (labels[t] is the target of position t,
+    IGNORE_INDEX where nothing is supervised), optionally `position_ids` [B, T] and
+    `cu_seqlens` (int32 document offsets of packed rows).
+
+    The training loss is the mean over every supervised token of the optimizer step, however the
+    tokens fall into micro-batches (gradient accumulation, packing, devices): each micro-batch
+    backpropagates its summed token losses over a normaliser fixed for the step (the rows B of
+    its first micro-batch, the same on every device), and just before the optimizer step,
+    before gradient clipping, the accumulated gradient is rescaled by normaliser x
+    micro-batches x devices / supervised tokens of the whole step. `train/loss` logs that step
+    mean. The network computes the loss itself, `loss_chunk_size` rows of logits at a time
+    (`src/models/language/qwen/loss.py`); `activation_checkpointing` recomputes each decoder layer
+    in backward.
+
+    `optimizer` and `scheduler` are those of `ImageClassifier` (`src/models/optimization.py`);
+    the Qwen model configs choose AdamW (`optimizer=adamw_lm`) and a linear warmup then cosine
+    decay per step (`scheduler=warmup_cosine`). Weight decay applies to matrices only, not to
+    norms, biases or the DeltaNet gates. Without an optimizer the module still evaluates and
+    generates. `config` is a QwenConfig as a plain dict, the only hyperparameter (with the
+    adapter's plain values in a LoRA run), so checkpoints load with
+    `torch.load(weights_only=True)`. `pretrained`, a transformers-format
+    folder (e.g. a released Qwen3 checkpoint) whose config.json matches `config`, gives the
+    starting weights; checkpoints do not need it afterwards.
+
+    `adapter` (the `adapter` config group, `adapter=lora`; see `src/models/language/adapters.py`)
+    freezes that base and trains LoRA adapters injected with peft: checkpoints then hold the
+    adapters and the base's path and fingerprint instead of the base, which `pretrained` (or,
+    when None, the recorded path) supplies again on loading.
+    """
+
+    batch_kind = TOKENS
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        optimizer: OptimizerFactory | None = None,
+        scheduler: dict[str, Any] | None = None,
+        pretrained: str | None = None,
+        kernels: str = "auto",
+        loss_chunk_size: int | None = 512,
+        activation_checkpointing: bool = False,
+        adapter: dict[str, Any] | None = None,
+    ):
+        super().__init__(optimizer, scheduler)
+        if kernels not in KERNEL_CHOICES:
+            raise ConfigError(
+                f"model.kernels={kernels!r}: choose auto (the installed fused kernels on GPU "
+                f"inputs) or pytorch (the PyTorch code everywhere, e.g. to compare the two)"
+            )
+        if loss_chunk_size is not None and loss_chunk_size < 1:
+            raise ConfigError(
+                f"model.loss_chunk_size={loss_chunk_size}: give the rows of logits computed at "
+                f"a time (e.g. 512), or null for all of them at once"
+            )
+        qwen_config = QwenConfig.from_dict(dict(config))
+        self.save_hyperparameters({"config": qwen_config.to_dict()}, logger=False)
+        self.net = QwenLM(
+            qwen_config, KERNEL_CHOICES[kernels], loss_chunk_size, activation_checkpointing
+        )
+        if pretrained:
+            self.net.load_hf_weights(pretrained)
+        # adapter=lora: the base frozen in its dtype, LoRA adapters the only trained weights.
+        self.adapter = attach_lora(self.net, adapter, pretrained) if adapter else None
+        if self.adapter is not None:
+            self.hparams["adapter"] = self.adapter.spec.to_dict()  # load_from_checkpoint
+            # Checkpoints leave the base out; on_load_checkpoint puts it back and checks that
+            # every other key is there (FSDP2's strategy loads the state before that hook).
+            self.strict_loading = False
+        # By name, while shapes are still whole: wrappers such as FSDP flatten them later.
+        self.no_weight_decay = frozenset(n for n, p in self.named_parameters() if p.ndim < 2)
+        self.eval_sums = nn.ModuleDict(
+            {stage: nn.ModuleDict({n: SumMetric() for n in EVAL_SUMS}) for stage in ("val", "test")}
+        )
+        self.val_acc_best = MaxMetric()
+        self.val_acc_best.persistent(True)  # in checkpoints, so a resumed run keeps its best
+        self._reset_step()
+
+    def forward(self, input_ids, position_ids=None, cu_seqlens=None) -> torch.Tensor:
+        return self.net(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens)
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.adapter is not None and self.adapter.base is None:
+            strip_base({"state_dict": {}}, self.adapter)  # the error that says why
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """An adapter run's checkpoint holds its adapters and names its base (path and
+        fingerprint, `adapter_base`) instead of holding the frozen base weights again."""
+        if self.adapter is not None:
+            strip_base(checkpoint, self.adapter)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Put an adapter checkpoint's base back into its state dict, once the base is checked
+        to be the one it was trained on (loaded from the recorded path if this model has
+        none), so that the state dict loads whole."""
+        if self.adapter is not None:
+            complete_state_dict(checkpoint, self, self.adapter, self.net)
+
+    def configure_model(self) -> None:
+        """Shard the decoder layers under FSDP2 (`trainer=model_parallel`); a no-op otherwise."""
+        shard_decoder_layers(self.net, self.device_mesh)
+
+    def flops_per_batch(self, batch: dict[str, torch.Tensor]) -> float | torch.Tensor:
+        """Training FLOPs of a batch (what the Throughput callback's MFU adds up).
+
+        Padded rows attend over the whole row. Packed rows (`document_lengths` [B, D]) attend
+        within each document, so the dense part is counted per token slot and the attention
+        part per document, over its own length: a 0-d tensor on the batch's device, so that
+        counting never waits for it.
+        """
+        rows, length = batch["input_ids"].shape
+        per_token = self.net.flops_per_token(length)
+        if "document_lengths" not in batch:
+            return rows * length * per_token
+        # An n-token document has n (n + 1) / 2 causal query-key pairs.
+        per_pair = self.net.attention_flops_per_pair()
+        dense_per_token = per_token - per_pair * (length + 1) / 2
+        lengths = batch["document_lengths"]
+        # As in the packed attention's cu_seqlens, each row's last document absorbs its padding.
+        last = ((lengths > 0).sum(1) - 1).clamp_min(0)
+        padding = length - lengths.sum(1)
+        segments = lengths.scatter_add(1, last[:, None], padding[:, None])
+        pairs = (segments * (segments + 1) // 2).sum()  # exact in int64
+        # float64 so that long sums of ~1e13 per batch stay exact; MPS has no float64.
+        dtype = torch.float32 if pairs.device.type == "mps" else torch.float64
+        return rows * length * dense_per_token + per_pair * pairs.to(dtype)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.net.config.vocab_size
+
+    def count_exact_matches(
+        self, tokenizer: Tokenizer, examples: Sequence[ExactMatchExample]
+    ) -> int:
+        """How many prompts the model answers exactly, decoding greedily (the ExactMatch
+        callback's score)."""
+        return count_exact_matches(self.net, tokenizer, list(examples))
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss_sum, tokens, _ = self._token_loss(batch)
+        if self._step_normaliser is None:
+            # Rows, not B*T: every rank's micro-batches hold the same number of rows, while
+            # padded rows may differ in length between ranks.
+            self._step_normaliser = batch["labels"].shape[0]
+        self._step_loss_sum = self._step_loss_sum + loss_sum.detach()
+        self._step_tokens = self._step_tokens + tokens
+        return loss_sum / self._step_normaliser
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Turn the accumulated gradient into that of the mean loss over the step's tokens."""
+        # Both sums in one all-reduce, straight to the process group: Lightning's
+        # strategy.reduce adds a barrier, a second collective per step.
+        dtype = torch.promote_types(self._step_loss_sum.dtype, torch.float32)
+        sums = torch.stack([self._step_tokens.to(dtype), self._step_loss_sum.to(dtype)])
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(sums)
+        tokens, loss_sum = sums[0].clamp_min(1), sums[1]
+        # Lightning divided each micro-batch loss by accumulate_grad_batches; DDP averages devices.
+        micro_batches = self.trainer.accumulate_grad_batches * self.trainer.world_size
+        scale = (self._step_normaliser * micro_batches / tokens).item()
+        if scale != 1.0:
+            for parameter in self.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.mul_(scale)
+        self.log("train/loss", loss_sum / tokens, on_step=True, prog_bar=True)
+        self._reset_step()
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._accumulate_eval("val", batch)
+
+    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        self._accumulate_eval("test", batch)
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_eval("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_eval("test")
+
+    def _token_loss(self, batch: dict[str, torch.Tensor]) -> TokenLoss:
+        return self.net(
+            batch["input_ids"],
+            position_ids=batch.get("position_ids"),
+            cu_seqlens=batch.get("cu_seqlens"),
+            labels=batch["labels"],
+        )
+
+    def _accumulate_eval(self, stage: str, batch: dict[str, torch.Tensor]) -> None:
+        loss_sum, tokens, correct = self._token_loss(batch)
+        sums = self.eval_sums[stage]
+        sums["loss"].update(loss_sum)
+        sums["tokens"].update(tokens)
+        sums["correct"].update(correct)
+
+    def _log_eval(self, stage: str) -> None:
+        """Loss per supervised token over the whole split, its perplexity and next-token
+        accuracy (the exact-match accuracy of SFT data comes from the ExactMatch callback)."""
+        sums = self.eval_sums[stage]
+        tokens = sums["tokens"].compute().clamp_min(1)
+        loss = sums["loss"].compute() / tokens
+        accuracy = sums["correct"].compute() / tokens
+        self.log(f"{stage}/loss", loss, prog_bar=stage == "val")
+        self.log(f"{stage}/ppl", loss.exp())
+        self.log(f"{stage}/acc", accuracy)
+        if stage == "val" and not self.trainer.sanity_checking:
+            self.val_acc_best(accuracy)
+            self.log("val/acc_best", self.val_acc_best.compute())
+        for metric in sums.values():
+            metric.reset()
+
+    def _reset_step(self) -> None:
+        self._step_normaliser: int | None = None
+        self._step_loss_sum: torch.Tensor | float = 0.0  # becomes a tensor on the batch's device
+        self._step_tokens: torch.Tensor | int = 0

@@ -1,0 +1,29 @@
+"""FSDP2 sharding of a QwenLM, for Lightning's ModelParallelStrategy (`trainer=model_parallel`).
+
+The strategy calls the LightningModule's `configure_model`, which calls `shard_decoder_layers`
+with its device mesh. Under any other strategy the mesh is None and nothing changes.
+"""
+
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+
+from src.models.language.qwen import QwenLM
+from src.utils.errors import ConfigError
+
+
+def shard_decoder_layers(net: QwenLM, device_mesh: DeviceMesh | None) -> None:
+    """Shard each decoder layer, then the rest (embedding, final norm, lm_head) as the root,
+    over the mesh's data-parallel dimension. Idempotent: Lightning calls `configure_model`
+    again for testing after fitting."""
+    if device_mesh is None or isinstance(net, FSDPModule):
+        return
+    if device_mesh["tensor_parallel"].size() > 1:
+        raise ConfigError(
+            f"QwenLM has no tensor-parallel plan: set trainer.strategy.tensor_parallel_size=1 "
+            f"and trainer.strategy.data_parallel_size to the number of processes "
+            f"(got a {device_mesh.shape} mesh)."
+        )
+    mesh = device_mesh["data_parallel"]
+    for layer in net.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)

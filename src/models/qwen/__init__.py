@@ -1,6 +1,0 @@
-"""A from-scratch Qwen3 / Qwen3-Next language model whose weights move to and from transformers."""
-
-from src.models.qwen.config import QwenConfig
-from src.models.qwen.model import QwenLM
-
-__all__ = ["QwenConfig", "QwenLM"]

@@ -1,0 +1,4 @@
+"""Image classifiers.
+
+SimpleNet, the CNN, torchvision backbones, and the LightningModule that trains any of them.
+"""

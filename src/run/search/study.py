@@ -1,0 +1,114 @@
+"""The Optuna study of a hyperparameter search: opened or resumed with a seeded sampler, told
+how each trial's job ended, and read back for the results file and the sweep summary."""
+
+import logging
+from pathlib import Path
+
+import optuna
+from hydra.core.utils import JobReturn
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy.engine import make_url
+
+from src.callbacks.training.optuna_pruning import PRUNED_AT_STEP
+from src.utils.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+# With fewer complete trials, the importance of each parameter is mostly noise.
+MIN_TRIALS_FOR_IMPORTANCE = 4
+
+
+def open_study(
+    storage: str | None, study_name: str, direction: str, sampler: DictConfig, pruner: DictConfig
+) -> optuna.Study:
+    """The study `study_name` in `storage`, created when it does not exist yet.
+
+    The sampler's seed is offset by the number of trials the study already holds: a resumed
+    search draws new values instead of repeating the first run's, and the same command on the
+    same study still draws the same ones.
+    """
+    make_sqlite_folder(storage)
+    study = optuna.create_study(
+        storage=storage,
+        study_name=study_name,
+        direction=direction,
+        pruner=instantiate(pruner),
+        load_if_exists=True,
+    )
+    if study.direction != StudyDirection[direction.upper()]:
+        raise ConfigError(
+            f"hydra.sweeper.direction={direction}, but the study {study_name!r} in {storage} "
+            f"was created to {study.direction.name.lower()}: keep its direction or choose "
+            f"another hydra.sweeper.study_name."
+        )
+    seed = sampler.get("seed")
+    study.sampler = instantiate(
+        sampler, **({} if seed is None else {"seed": seed + len(study.trials)})
+    )
+    return study
+
+
+def make_sqlite_folder(storage: str | None) -> None:
+    """SQLite creates a database file, not the folders above it."""
+    if storage is None:
+        return
+    url = make_url(storage)
+    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
+        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+
+
+def tell(study: optuna.Study, trial: optuna.Trial, job: JobReturn) -> FrozenTrial:
+    """Record how the trial's job ended: pruned (its pruning callback stopped it), failed (it
+    raised, or returned no number), or complete with the value it returned."""
+    try:
+        value = job.return_value
+    except Exception as error:
+        log.warning("Trial %d failed: %r", trial.number, error, exc_info=error)
+        return study.tell(trial, state=TrialState.FAIL)
+    if PRUNED_AT_STEP in stored_trial(study, trial.number).user_attrs:
+        return study.tell(trial, state=TrialState.PRUNED)
+    if value is None:
+        log.warning(
+            "Trial %d returned no value: its run logged no `optimized_metric`.", trial.number
+        )
+        return study.tell(trial, state=TrialState.FAIL)
+    return study.tell(trial, float(value))  # Optuna records NaN as a failure
+
+
+def stored_trial(study: optuna.Study, number: int) -> FrozenTrial:
+    """The trial as the storage holds it now, with what its job wrote there."""
+    return next(trial for trial in study.get_trials(deepcopy=False) if trial.number == number)
+
+
+def write_results(study: optuna.Study, path: Path) -> None:
+    """The best trial so far as `optimization_results.yaml`, as Hydra's Optuna sweeper wrote it."""
+    try:
+        best = study.best_trial
+    except ValueError:
+        log.warning("No trial of study %r completed: no %s written.", study.study_name, path.name)
+        return
+    results = {
+        "name": "optuna",
+        "study_name": study.study_name,
+        "best_trial": best.number,
+        "best_params": best.params,
+        "best_value": best.value,
+    }
+    OmegaConf.save(results, path)
+    log.info("Best trial %d: %s = %s (%s)", best.number, best.params, best.value, path)
+
+
+def load_study_report(storage: str, study_name: str) -> tuple[dict[int, str], dict[str, float]]:
+    """Each trial's state by number ("COMPLETE", "PRUNED", "FAIL", ...) and the importance of
+    each parameter (empty below MIN_TRIALS_FOR_IMPORTANCE complete trials)."""
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    trials = study.get_trials(deepcopy=False)
+    states = {trial.number: trial.state.name for trial in trials}
+    complete = sum(trial.state == TrialState.COMPLETE for trial in trials)
+    importances: dict[str, float] = {}
+    if complete >= MIN_TRIALS_FOR_IMPORTANCE:
+        importances = optuna.importance.get_param_importances(study)
+    return states, importances

@@ -4,7 +4,7 @@ other inputs.
 
 A model fine-tuned on `experiment=lm_sft` has seen such prompts answered, so it can beat the
 25% of chance after a short run; lm-eval reads the questions from `sft_choice.jsonl`, which
-`write_questions()` wrote (tests/test_evaluate_lm.py checks that it still would).
+`write_questions()` wrote (tests/run/test_evaluate_lm.py checks that it still would).
 """
 
 import json

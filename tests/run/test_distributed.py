@@ -119,7 +119,7 @@ def test_ddp_killed_mid_epoch_resumes_exactly(tmp_path):
     run_ddp(tmp_path / "uninterrupted", *every_step)
     kill_step = random.Random(3).randrange(3, 38)
     killer = [
-        "+callbacks.killer._target_=tests.test_distributed.KillGroupAtStep",
+        "+callbacks.killer._target_=tests.run.test_distributed.KillGroupAtStep",
         f"+callbacks.killer.step={kill_step}",
     ]
     killed = run_ddp(tmp_path / "resumed", *every_step, *killer, check=False)
@@ -177,7 +177,7 @@ def test_training_steps_call_no_collective_beyond_what_the_loss_needs(
     tmp_path, run, steps, per_step
 ):
     counter = [
-        "+callbacks.count._target_=tests.test_distributed.CountCollectives",
+        "+callbacks.count._target_=tests.run.test_distributed.CountCollectives",
         f"+callbacks.count.path={tmp_path / 'collectives'}",
     ]
     run_train([*run, "trainer=ddp_cpu", *counter], tmp_path / "run")

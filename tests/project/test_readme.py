@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 RUNNABLE = "bash runnable"
 

@@ -87,7 +87,7 @@ def test_entry_points_import_no_test_code_and_every_src_package_has_a_layer():
 
 
 def test_tests_share_code_only_through_support_modules_and_call_scripts_only_through_main():
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
         for node in ast.walk(tree):
             if not (isinstance(node, ast.ImportFrom) and node.module):

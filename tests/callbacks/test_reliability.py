@@ -40,7 +40,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeping_the_last_good_chec
             "trainer.max_epochs=2",
             "callbacks.last_checkpoint.every_n_train_steps=5",
             "callbacks.last_checkpoint.every_n_epochs=null",
-            "+callbacks.poison._target_=tests.test_reliability.PoisonAtStep",
+            "+callbacks.poison._target_=tests.callbacks.test_reliability.PoisonAtStep",
             "+callbacks.poison.step=12",
         ],
     )
@@ -66,7 +66,10 @@ def training_process(args: list[str], run_dir) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_sigterm_saves_between_steps_and_exits_cleanly_then_ckpt_path_last_resumes(tmp_path):
-    slow = ["+callbacks.slow._target_=tests.test_reliability.SlowSteps", "trainer.max_epochs=50"]
+    slow = [
+        f"+callbacks.slow._target_={SlowSteps.__module__}.SlowSteps",
+        "trainer.max_epochs=50",
+    ]
     process = training_process([*FAST, *slow], tmp_path)
     deadline = time.time() + 120
     while not (tmp_path / "started").exists() and time.time() < deadline:
@@ -130,7 +133,7 @@ class PoisonGradient(Callback):
 def test_a_non_finite_gradient_is_caught_before_the_step_naming_the_parameter(tmp_path):
     cfg = compose_config(
         tmp_path,
-        [*FAST, "+callbacks.poison._target_=tests.test_reliability.PoisonGradient"],
+        [*FAST, "+callbacks.poison._target_=tests.callbacks.test_reliability.PoisonGradient"],
     )
     with pytest.raises(NonFiniteError, match="step 3.*gradient of net.fc2.bias"):
         train(cfg)
@@ -196,7 +199,7 @@ class InterruptedThenWaits(Callback):
 
 @pytest.mark.slow
 def test_a_second_ctrl_c_stops_at_once_without_saving(tmp_path):
-    waits = ["+callbacks.wait._target_=tests.test_reliability.InterruptedThenWaits"]
+    waits = ["+callbacks.wait._target_=tests.callbacks.test_reliability.InterruptedThenWaits"]
     process = training_process([*FAST, *waits], tmp_path)
     output = []
     for line in process.stdout:

@@ -1,6 +1,6 @@
 """Runs functions whose Triton kernels execute on CPU tensors through Triton's interpreter.
 
-`python -m tests.triton_interpreter module:function ...` sets TRITON_INTERPRET=1 before
+`python -m tests.models.triton_interpreter module:function ...` sets TRITON_INTERPRET=1 before
 triton is imported (Triton reads it then), adapts the interpreter to flash-linear-attention's
 kernels, calls each function and prints their results as one JSON object keyed by function.
 

@@ -3,9 +3,9 @@ project's chunked delta rule, then switched on in the GatedDeltaNet layer and a 
 against their PyTorch paths, forward and backward.
 
 TRITON_INTERPRET must be set before triton is imported, so the measurements below run in one
-subprocess (`tests/triton_interpreter.py`) and the tests check what it reports. fp32 and fp16
+subprocess (`tests/models/triton_interpreter.py`) and the tests check what it reports. fp32 and fp16
 only: the interpreter does not round bf16 arithmetic as a GPU does. The model also runs
-causal-conv1d and varlen_attn, through the stand-ins of `tests/kernel_doubles.py`.
+causal-conv1d and varlen_attn, through the stand-ins of `tests/models/kernel_doubles.py`.
 """
 
 import json
@@ -22,11 +22,11 @@ from src.models.language.qwen.boundaries import DocumentBoundaries
 from src.models.language.qwen.delta_rule import chunk_gated_delta_rule
 from src.models.language.qwen.deltanet import GatedDeltaNet
 from src.models.language.qwen.kernels import PYTORCH, Kernels
-from tests.kernel_doubles import causal_conv1d_fn, recorded, varlen_attn
+from tests.models.kernel_doubles import causal_conv1d_fn, recorded, varlen_attn
 
 pytestmark = [pytest.mark.kernels, pytest.mark.slow]
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[2]
 # Two rows of 75 tokens (fla's chunks are 64): documents start inside a chunk, one crosses
 # the chunk boundary, and none is a multiple of the chunk length.
 ROWS, LENGTH = 2, 75
@@ -47,7 +47,7 @@ def measured() -> dict:
     """Each measurement function's report, from one interpreter subprocess."""
     names = ("delta_rule_errors", "layer_errors", "model_errors")
     targets = [f"{__name__}:{name}" for name in names]
-    command = [sys.executable, "-m", "tests.triton_interpreter", *targets]
+    command = [sys.executable, "-m", "tests.models.triton_interpreter", *targets]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"the interpreter run failed:\n{result.stderr[-4000:]}"
     reports = json.loads(result.stdout.splitlines()[-1])

@@ -1,5 +1,5 @@
 """QwenLM's own guarantees: exact chunking, document starts in the recurrence, caches, counts,
-errors. That packed documents are kept apart is proved in tests/test_packing_equivalence.py."""
+errors. That packed documents are kept apart is proved in tests/data/test_packing_equivalence.py."""
 
 import pytest
 import torch

@@ -22,7 +22,7 @@ from src.models.language.qwen.kernels import (
     usable_varlen_attn,
 )
 from tests.helpers import max_difference, perturbed_model, tiny_config
-from tests.kernel_doubles import ContractViolation, causal_conv1d_fn, recorded, varlen_attn
+from tests.models.kernel_doubles import ContractViolation, causal_conv1d_fn, recorded, varlen_attn
 
 # Two rows of 20 tokens holding four documents.
 CU_SEQLENS = torch.tensor([0, 7, 20, 33, 40], dtype=torch.int32)

@@ -431,7 +431,7 @@ def test_freezing_and_lora_do_not_combine(tmp_path, tiny_base):
 
 @pytest.mark.slow
 def test_a_lora_run_killed_mid_training_resumes_exactly(tmp_path, tiny_base):
-    """As tests/test_resume.py, with adapters (and their dropout) on a frozen base."""
+    """As tests/checkpoints/test_resume.py, with adapters (and their dropout) on a frozen base."""
     run = lm_run(
         tmp_path,
         "adapter=lora",
@@ -509,7 +509,7 @@ def test_an_fsdp2_lora_run_killed_mid_training_resumes_exactly(tmp_path, tiny_ba
     )
     run_train(run, tmp_path / "whole")
     killer = [
-        "+callbacks.killer._target_=tests.test_distributed.KillGroupAtStep",
+        "+callbacks.killer._target_=tests.run.test_distributed.KillGroupAtStep",
         "+callbacks.killer.step=4",
     ]
     killed = run_train([*run, *killer], tmp_path / "killed", check=False)

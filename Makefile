@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 
 .DEFAULT_GOAL := help
 .PHONY: help install check-env kernel tensorboard train test test-slow test-kernels test-all bench \
-	lint format clean clean-logs
+	lint format docs clean clean-logs
 
 help: ## Show this help
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
@@ -31,11 +31,16 @@ tensorboard: $(STAMP) ## Browse the runs under logs/ in TensorBoard (ARGS="--por
 train: $(STAMP) ## Train the default model on the embedded dataset (ARGS="model=cnn ...")
 	$(PY) train.py $(ARGS)
 
+# The suites run in two processes (pytest-xdist), each module's tests in one of them, so that a
+# module-scoped fixture (a trained run) is built once. The slowest tests are listed, to keep the
+# cost in sight.
+SUITE_OPTIONS := -n 2 --dist loadfile --durations=15
+
 test: $(STAMP) ## Run the fast test suite (under 5 minutes on 2 cores)
-	$(PY) -m pytest -m "not slow" $(ARGS)
+	$(PY) -m pytest -m "not slow" $(SUITE_OPTIONS) $(ARGS)
 
 test-slow: $(STAMP) ## Run only the slow tests (real data, longer training)
-	$(PY) -m pytest -m slow $(ARGS)
+	$(PY) -m pytest -m slow $(SUITE_OPTIONS) $(ARGS)
 
 test-kernels: $(STAMP) ## Run the GPU kernels on CPU through Triton's interpreter
 	$(PY) -m pytest -m kernels $(ARGS)
@@ -46,13 +51,25 @@ test-all: $(STAMP) ## Run every test
 bench: $(STAMP) ## Benchmark the template against a hand-written loop (ARGS="--quick ...")
 	$(PY) scripts/bench.py $(ARGS)
 
-lint: $(STAMP) ## Check style with ruff
+lint: $(STAMP) ## Check the code: ruff's rules and format, the layers (lint-imports), the types (mypy)
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
+	$(PY) -m mypy
 
 format: $(STAMP) ## Reformat the code with ruff
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
+
+# The docs extra goes into the same .venv, once, on top of what $(STAMP) installed.
+DOCS_STAMP := $(VENV)/.installed-docs
+
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP) ## Build the guides as a website in site/, offline; every warning fails it
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean: ## Remove caches and build leftovers
 	rm -rf .pytest_cache .ruff_cache *.egg-info

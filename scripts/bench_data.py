@@ -288,7 +288,7 @@ def anchor(spec: dict, tokenizer: dict) -> dict:
     if tokenizer["kind"] == "byte":
 
         def tokenize(batch):
-            return {"input_ids": [list(text.encode()) + [256] for text in batch["text"]]}
+            return {"input_ids": [[*text.encode(), 256] for text in batch["text"]]}
     else:
         bpe = Tokenizer.from_file(str(Path(tokenizer["path"]) / "tokenizer.json"))
 

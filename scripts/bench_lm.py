@@ -19,8 +19,8 @@ asynchronously). The first step of each is reported apart
 (cold start), one more is a warm-up, then the two alternate, `--repeats` times, their order
 swapped every repeat; the table shows medians. Model FLOPs utilisation uses
 QwenLM.flops_per_token against the device's peak per precision: a GPU's dense datasheet figure
-(src/callbacks/measurement/peak_flops.py), or, on a CPU or an unlisted GPU, a matmul peak measured
-here.
+(src/callbacks/measurement/peak_flops.py), or, on a CPU or an unlisted GPU, that module's matmul
+probe, run here.
 `--memory` adds each implementation's peak memory over two training steps, each in a fresh
 process: its peak resident memory on a CPU, the most CUDA memory it allocated on a GPU.
 `--finetune` trains QwenLM alone instead, four ways, each in its own process: every weight
@@ -44,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from benchmarks import CONF_DIR, ROOT, machine_line, markdown, model_config, publish
 
-from src.callbacks.measurement.peak_flops import gpu_peak_flops
-from src.models.language.adapters import attach_lora
+from src.callbacks.measurement.peak_flops import gpu_peak_flops, measure_matmul_flops, synchronize
+from src.models.language.lora.adapter import attach_lora
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.utils.contracts import IGNORE_INDEX
 from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
@@ -122,33 +122,13 @@ def model_name(name: str) -> str:
     return name
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work, so that a clock read after it covers that work."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def matmul_peak(dtype: torch.dtype, size: int, device: torch.device) -> float:
-    """Best FLOP/s of a square matmul on `device`."""
-    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
-    a @ b  # warm-up
-    best = 0.0
-    for _ in range(10):
-        synchronize(device)
-        start = time.perf_counter()
-        a @ b
-        synchronize(device)
-        best = max(best, 2 * size**3 / (time.perf_counter() - start))
-    return best
-
-
 def mfu_peak(dtype: torch.dtype, size: int, device: torch.device) -> tuple[float, str]:
     """The peak MFU is measured against, and where it comes from."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         if (peak := gpu_peak_flops(name, dtype)) is not None:
             return peak, f"{name} datasheet, dense"
-    return matmul_peak(dtype, size, device), f"measured {size}x{size} matmul"
+    return measure_matmul_flops(dtype, size, device=device), f"measured {size}x{size} matmul"
 
 
 class Runner:

@@ -36,7 +36,6 @@ class GPU:
     name: str
     memory_gib: float
     capability: tuple[int, int]
-    bf16: bool  # has bf16 units
 
 
 @dataclass
@@ -65,15 +64,13 @@ def cuda_gpus() -> list[GPU]:
     """The CUDA devices torch can use (empty without CUDA)."""
     import torch
 
-    from src.utils.hardware import gpu_computes_bf16
-
     if not torch.cuda.is_available():
         return []
     gpus = []
     for index in range(torch.cuda.device_count()):
         props = torch.cuda.get_device_properties(index)
         memory_gib, capability = props.total_memory / 2**30, (props.major, props.minor)
-        gpus.append(GPU(props.name, memory_gib, capability, gpu_computes_bf16(index)))
+        gpus.append(GPU(props.name, memory_gib, capability))
     return gpus
 
 
@@ -104,14 +101,13 @@ def _reason(error: Exception) -> str:
     return f"{type(error).__name__}: {lines[0][:100] if lines else ''}"
 
 
-def recommendation(gpus: list[GPU], cpu: CPU) -> tuple[str, "PrecisionChoice"]:
-    """The `trainer=` config that suits this machine, and the precision (with the reason) that
-    `trainer.precision=auto` picks for it."""
-    from src.utils.hardware import native_precision
+def recommendation(gpus: list[GPU]) -> tuple[str, "PrecisionChoice"]:
+    """Pick the `trainer=` config for this machine, and the precision (with the reason) that
+    `trainer.precision=auto` resolves to under it."""
+    from src.utils.hardware import machine_precision
 
     trainer = ("ddp" if len(gpus) > 1 else "gpu") if gpus else "cpu"
-    device = "cuda" if gpus else "cpu"
-    return trainer, native_precision(device, [gpu.bf16 for gpu in gpus], cpu.flags)
+    return trainer, machine_precision("gpu" if gpus else "cpu")
 
 
 def print_report(
@@ -134,7 +130,7 @@ def print_report(
     for module, problem in kernels.items():
         state = "importable" if problem is None else f"{problem} (pip: {OPTIONAL_KERNELS[module]})"
         print(f"  {module:<14} {state}")
-    trainer, precision = recommendation(gpus, cpu)
+    trainer, precision = recommendation(gpus)
     print(f"Precision: {precision.precision} ({precision.reason}): what auto picks here")
     print(f"Verdict: python train.py trainer={trainer} trainer.precision={precision.precision}")
 

@@ -20,9 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from src.checkpoints.restore import restore
 from src.checkpoints.weights import save_weights
-from src.models.language.adapters import merged_network
 from src.run.app import hydra_app
 from src.run.language.hf_export import export_for_transformers, export_peft
+from src.utils.contracts import HasAdapter
 from src.utils.errors import ConfigError
 from src.utils.weights import network_state_dict
 
@@ -57,9 +57,10 @@ def export(cfg: DictConfig) -> Path:
 
 
 def network_weights(model) -> dict:
-    """The model's state dict; for a LoRA run, its network with the adapters merged in."""
-    if getattr(model, "adapter", None) is not None:
-        return merged_network(model.net).state_dict()
+    """The model's state dict; for a model with an adapter (a language model), its network
+    with the adapter merged in."""
+    if isinstance(model, HasAdapter):
+        return model.adapter.merged_network().state_dict()
     return model.state_dict()
 
 

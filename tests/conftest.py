@@ -4,6 +4,7 @@ import subprocess
 import tempfile
 
 import pytest
+import torch
 from hydra.core.global_hydra import GlobalHydra
 
 from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
@@ -16,6 +17,11 @@ use_pytorch_kernels_in_transformers()
 def pytest_configure(config):
     """Runs, downloads and caches of the tests (and of the processes they start) go to a
     temporary folder, never into the working tree's logs/ and data/."""
+    if hasattr(config, "workerinput"):
+        # A worker of `pytest -n`: it inherits the controller's folders, which the controller
+        # alone removes and checks the working tree against once every worker is done.
+        share_the_cores(int(config.workerinput["workercount"]))
+        return
     config.outside_tree = tempfile.mkdtemp(prefix="tests-outputs-")
     os.environ["PROJECT_LOG_DIR"] = os.path.join(config.outside_tree, "logs")
     os.environ["PROJECT_DATA_DIR"] = os.path.join(config.outside_tree, "data")
@@ -32,6 +38,15 @@ def pytest_sessionfinish(session, exitstatus):
     if left:
         print(f"\nThe tests wrote into the working tree: {', '.join(left)}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def share_the_cores(workers: int) -> None:
+    """Give this worker, and the processes its tests start, its share of the CPU cores: torch's
+    default of one thread per core in every worker makes them thrash. The processes get the
+    same count as the worker, so a run in a subprocess computes as the same run in-process."""
+    threads = max(1, (os.cpu_count() or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
 
 
 def working_tree_status() -> set[str]:

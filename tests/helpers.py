@@ -5,7 +5,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -37,13 +36,6 @@ def compose_config(run_dir: Path, overrides: list[str], config_name: str = "trai
     """Compose a config as `python train.py <overrides>` would, with its run dir at `run_dir`
     (the autouse fixture in conftest.py clears Hydra after each test)."""
     return compose_run_config(run_dir, overrides, config_name)
-
-
-def free_port() -> int:
-    """A TCP port on localhost that nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def write_idx_images(path: Path, images: np.ndarray) -> None:
@@ -252,10 +244,6 @@ def perturbed_model(config: QwenConfig, seed: int = 0) -> QwenLM:
             if parameter.ndim == 1:
                 parameter.add_(0.3 * torch.randn_like(parameter))
     return model
-
-
-def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a - b).abs().max().item()
 
 
 def assert_same_tensors(expected, actual, where=""):

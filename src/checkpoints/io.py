@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from src.utils.errors import CheckpointError
+from src.utils.errors import CheckpointError, cause_chain
 from src.utils.files import write_atomically
 from src.utils.weights import load_checkpoint
 
@@ -33,14 +33,12 @@ def save_atomically(checkpoint: dict[str, Any], path: str | Path) -> None:
         raise disk_full(Path(path), checkpoint) from error
 
 
-def caused_by_full_disk(error: BaseException | None) -> bool:
-    """Whether `error` or one it was raised from is a full disk. torch.save reports one as a
-    RuntimeError ("unexpected pos"), the OSError only in its context."""
-    while error is not None:
-        if isinstance(error, OSError) and error.errno in FULL_DISK:
-            return True
-        error = error.__cause__ or error.__context__
-    return False
+def caused_by_full_disk(error: BaseException) -> bool:
+    """Tell whether a full disk lies anywhere in `error`'s cause chain.
+
+    torch.save reports one as a RuntimeError ("unexpected pos"), the OSError only in its context.
+    """
+    return any(isinstance(e, OSError) and e.errno in FULL_DISK for e in cause_chain(error))
 
 
 def disk_full(path: Path, checkpoint: dict[str, Any]) -> CheckpointError:

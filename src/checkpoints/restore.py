@@ -83,9 +83,11 @@ class Restored:
 
 
 def restore(ckpt_path: str | Path, overrides: Sequence[str] = ()) -> Restored:
-    """The model, datamodule and tokenizer of a checkpoint written by train.py, exactly as the
-    run had them; `overrides` (`data.batch_size=8`, `+key=value`, `~key`) change keys of the
-    stored config first."""
+    """Rebuild the model, datamodule and tokenizer of a train.py checkpoint as the run had them.
+
+    `overrides` (`data.batch_size=8`, `+key=value`, `~key`) change keys of the stored config
+    first.
+    """
     checkpoint = load_checkpoint(ckpt_path)
     stored = checkpoint.get("run_config")
     if stored is None:
@@ -130,8 +132,7 @@ def moved_targets(node: Any) -> Any:
 
 
 def check_targets(node: Any, where: str) -> None:
-    """Refuse a config that names something other than a trusted class to build (see
-    TRUSTED_PREFIXES), checking the name before anything is imported."""
+    """Refuse a config that names a class outside TRUSTED_PREFIXES, before importing anything."""
     if isinstance(node, list):
         for item in node:
             check_targets(item, where)
@@ -157,8 +158,10 @@ def check_targets(node: Any, where: str) -> None:
 
 
 def apply_overrides(config: DictConfig, overrides: Sequence[str]) -> DictConfig:
-    """`config` with Hydra command-line overrides applied as Hydra applies them to keys; group
-    choices (`model=cnn`) are refused, since the weights only fit the stored model."""
+    """Apply Hydra command-line overrides to the keys of a stored `config`, as Hydra would.
+
+    Group choices (`model=cnn`) are refused: the weights only fit the stored model.
+    """
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as error:
@@ -189,10 +192,13 @@ def apply_overrides(config: DictConfig, overrides: Sequence[str]) -> DictConfig:
 
 
 def inference_node(node: DictConfig, ckpt_path: str | Path) -> dict[str, Any]:
-    """The stored model config, made buildable for inference by the class as it is now: no
-    starting weights (the checkpoint has them; an adapter run's keeps `pretrained`, its base),
-    None for a training-only argument it requires but that is not stored, and without the keys
-    its signature no longer takes (with a warning: a checkpoint older than the class)."""
+    """Make the stored model config buildable for inference by the class as it is now.
+
+    - No starting weights: the checkpoint has them (an adapter run keeps `pretrained`, its base).
+    - None for a required training-only argument that is not stored.
+    - Keys the signature no longer takes are dropped with a warning (a checkpoint older than the
+      class).
+    """
     node = OmegaConf.to_container(node)
     if "pretrained" in node and not node.get("adapter"):
         node["pretrained"] = None

@@ -1,5 +1,7 @@
-"""Whole checkpoints against a model, and weights written out: the reading half lives in
-src/utils/weights.py."""
+"""Check whole checkpoints against a model, and write weights out.
+
+The reading half lives in src/utils/weights.py.
+"""
 
 from pathlib import Path
 

@@ -68,11 +68,16 @@ class OptimizedModule(LightningModule):
         named = [(name, p) for name, p in self.named_parameters() if p.requires_grad]
         if self.no_weight_decay is None:
             return [p for _, p in named]
-        decay, no_decay = [], []
+        decay: list[torch.nn.Parameter] = []
+        no_decay: list[torch.nn.Parameter] = []
         for name, parameter in named:
             exempt = unwrapped_name(name) in self.no_weight_decay
             (no_decay if exempt else decay).append(parameter)
-        return [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups: list[dict[str, Any]] = [
+            {"params": decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        return groups
 
     def total_steps(self) -> float:
         """The run's optimizer steps, asked of the Trainer only once training has begun: asking

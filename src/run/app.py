@@ -1,5 +1,8 @@
-"""How every entry point starts: the project root, the config resolvers, one-line user errors,
-required values checked, one run per directory."""
+"""Start every entry point the same way.
+
+The project root, the config resolvers, one-line user errors, required values checked, one run
+per directory.
+"""
 
 import functools
 import inspect
@@ -22,9 +25,11 @@ from src.utils.errors import exit_on_user_error
 
 
 def project_root(entry_point: Path) -> Path:
-    """The nearest folder at or above `entry_point` that holds `conf/`: the project a command
-    runs in, wherever the `src` package was imported from (a copy of the project runs in the
-    copy)."""
+    """Find the project a command runs in: the nearest folder at or above `entry_point` with conf/.
+
+    It follows the entry point, not the imported `src` package, so a copy of the project runs in
+    the copy.
+    """
     for folder in entry_point.resolve().parents:
         if (folder / "conf").is_dir():
             return folder
@@ -32,12 +37,13 @@ def project_root(entry_point: Path) -> Path:
 
 
 def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Callable[[], Any]]:
-    """Decorator: `task(cfg)` becomes the `main()` of a Hydra app on `conf/<config_name>.yaml`.
+    """Turn `task(cfg)` into the `main()` of a Hydra app on `conf/<config_name>.yaml`.
 
-    Before Hydra composes anything it sets PROJECT_ROOT (read by conf/paths/) and registers the
-    launch resolvers (read by conf/hydra/); the task runs once every required value is set,
-    holding the lock on its run directory (see `run_dir_lock`), and a UserFacingError it raises
-    is printed as one line (see `exit_on_user_error`).
+    - Before Hydra composes anything, PROJECT_ROOT is set (for conf/paths/) and the launch
+      resolvers are registered (for conf/hydra/).
+    - The task runs once every required value is set, holding the lock on its run directory
+      (`run_dir_lock`).
+    - A UserFacingError it raises is printed as one line (`exit_on_user_error`).
     """
 
     def decorate(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
@@ -66,9 +72,11 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
 
 
 def checked_and_locked(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:
-    """`task`, run once its config has every required value and a device this machine has,
-    holding the lock on the directory Hydra made for it, with the console its `extras` ask
-    for (see src/run/console.py)."""
+    """Wrap `task` to run only on a complete config for a device this machine has.
+
+    It runs holding the lock on the directory Hydra made for it, with the console its `extras`
+    ask for (src/run/console.py).
+    """
 
     @functools.wraps(task)
     def run(cfg: DictConfig) -> Any:

@@ -1,6 +1,8 @@
-"""What a run shows on the console: its config as a short tree, Lightning's output without its
-tips and repeated notices, the warnings a user can act on, and `--help` as the options a user
-picks. The run's log file (conf/hydra/default.yaml) still receives every line.
+"""Decide what a run shows on the console.
+
+Its config as a short tree, Lightning's output without its tips and repeated notices, the
+warnings a user can act on, and `--help` as the options a user picks. The run's log file
+(conf/hydra/default.yaml) still receives every line.
 
 Settings: `extras.quiet` (false shows everything on the console too) and `extras.print_config`
 in the entry configs (conf/train.yaml).
@@ -43,8 +45,10 @@ QUIET_WARNINGS = ((FutureWarning, re.compile(r"`isinstance\(treespec, LeafSpec\)
 
 
 class QuietConsole(logging.Filter):
-    """Keeps Lightning's tips, repeated notices and summary table and library-internal warnings
-    off a console handler; every other record passes."""
+    """Keep Lightning's tips, notices, summary table and library warnings off a console handler.
+
+    Every other record passes.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name.startswith(QUIET_LOGGERS):
@@ -59,15 +63,20 @@ class QuietConsole(logging.Filter):
 
 
 def log_warning(message, category, filename, lineno, file=None, line=None) -> None:
-    """`warnings.showwarning` that hands a warning to logging, with its category for the
-    console's filter (logging.captureWarnings keeps only the text)."""
+    """Hand a warning to logging with its category, as `warnings.showwarning`.
+
+    The console's filter needs the category, which logging.captureWarnings drops.
+    """
     text = warnings.formatwarning(message, category, filename, lineno, line).rstrip()
     logging.getLogger("py.warnings").warning("%s", text, extra={"category": category})
 
 
 def set_up_console(quiet: bool) -> None:
-    """Give Lightning's loggers and warnings one plain console handler (filtered when `quiet`)
-    and the run's log files. Called once per job, after Hydra has set up logging."""
+    """Give Lightning's loggers and warnings one console handler and the run's log files.
+
+    The console handler is filtered when `quiet`. Called once per job, after Hydra has set up
+    logging.
+    """
     log_files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
     for name in CONSOLE_LOGGERS:
         logger = logging.getLogger(name)
@@ -91,8 +100,10 @@ def set_up_console(quiet: bool) -> None:
 
 
 def show_config(cfg: DictConfig, print_tree: bool) -> None:
-    """Save the resolved config as a tree in `<run dir>/config_tree.txt` and print its short
-    form (rank 0 only)."""
+    """Save the resolved config tree to `<run dir>/config_tree.txt`; print its short form.
+
+    Rank 0 only.
+    """
     if process_rank() != 0:
         return
     path = Path(HydraConfig.get().runtime.output_dir) / "config_tree.txt"
@@ -119,8 +130,11 @@ def full_tree(cfg: DictConfig) -> Tree:
 def short_tree(
     cfg: DictConfig, choices: dict[str, Any], overrides: list[str], saved_to: Path
 ) -> Tree:
-    """Each group as the option chosen (with the values the command line set in it), every
-    other top-level value as one line, and the chosen experiment/debug/... configs."""
+    """Render the config in short: one line per group, top-level value and add-on config.
+
+    A group shows the option chosen (with the values the command line set in it); the add-ons
+    are the chosen experiment/debug/... configs.
+    """
     tree = Tree(f"[bold]Config[/] (all of it: {escape(str(saved_to))})")
     set_in = _overrides_by_key(overrides)
     values = OmegaConf.to_container(cfg, resolve=True)
@@ -148,8 +162,10 @@ def _overrides_by_key(overrides: list[str]) -> dict[str, list[str]]:
 
 
 def _exists(group: str, choice: str) -> bool:
-    """Whether `group/choice` was found (an `optional` default such as local may be absent, and
-    a group left at null has no choice)."""
+    """Tell whether `group/choice` was found.
+
+    An `optional` default such as local may be absent, and a group left at null has no choice.
+    """
     hydra = GlobalHydra.instance()
     return (
         choice is not None
@@ -168,9 +184,12 @@ WIDTH = 100  # of a --help line
 
 
 def help_text(conf_dir: Path, root: DictConfig) -> str:
-    """`--help`: the options of each group this config composes, the add-on groups it can take
-    (`+group=option`) and its own settings. Each option is described by the first sentence of
-    its yaml's leading comment; the pieces a group's default.yaml composes are not options."""
+    """Write `--help`: the groups' options, the add-on groups and this config's own settings.
+
+    The add-on groups are those it can take as `+group=option`. Each option is described by the
+    first sentence of its yaml's leading comment; the pieces a group's default.yaml composes are
+    not options.
+    """
     choices = dict(root.hydra.runtime.choices)
     groups = sorted(g for g in choices if not g.startswith("hydra"))
     lines = [f"Usage: python {sys.argv[0]} [group=option ...] [key=value ...]", ""]
@@ -232,8 +251,10 @@ def _described(conf_dir: Path, group: str, options: list[str]) -> list[str]:
 
 
 def _description(path: Path, room: int) -> str:
-    """The first sentence of the yaml's leading comment (without `@package`), cut to `room`
-    characters."""
+    """Return the first sentence of the yaml's leading comment, cut to `room` characters.
+
+    The `@package` line is not part of it.
+    """
     comment = []
     for line in path.read_text().splitlines():
         if not line.startswith("#"):
@@ -247,8 +268,10 @@ def _description(path: Path, room: int) -> str:
 
 
 def _sets_only(conf_dir: Path, group: str, keys: set[str]) -> bool:
-    """Whether every option of `group` changes only keys this config has (`@package _global_`
-    options their top-level keys, the others the group's own key): an add-on that applies."""
+    """Tell whether `group` is an add-on that applies: one changing only keys this config has.
+
+    A `@package _global_` option changes its top-level keys, any other the group's own key.
+    """
     written: set[str] = set()
     for path in (conf_dir / group).glob("*.yaml"):
         text = path.read_text()

@@ -20,9 +20,10 @@ MIN_FREE_BYTES = 1 << 20
 
 
 class WritableOutputDir(Callback):
-    """Stops with one clear line when the run (or sweep) directory cannot be written: a
-    read-only place, or a full disk (where Hydra, writing `.hydra/`, would fail with a
-    traceback)."""
+    """Stop with one clear line when the run (or sweep) directory cannot be written.
+
+    A read-only place or a full disk; Hydra, writing `.hydra/`, would fail with a traceback.
+    """
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         check_writable(Path(config.hydra.run.dir), "hydra.run.dir")

@@ -1,5 +1,4 @@
-"""The ranks of one distributed launch share one run directory, and only rank 0 writes Hydra's
-files there.
+"""Give the ranks of one distributed launch one run directory, where only rank 0 writes Hydra's.
 
 Hydra names a run directory after the time the process composes its config. Under torchrun or
 srun every rank composes its own, milliseconds apart, and would write into a folder of its own.
@@ -24,6 +23,7 @@ itself: each rank logs to its own `<task>_rank<N>.log`.
 """
 
 import os
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from functools import cache
 from typing import Any
@@ -50,8 +50,11 @@ def launch_name(time_format: str) -> str:
 
 
 def in_multi_task_srun_step() -> bool:
-    """Started by srun with several tasks: not a batch script itself (or an interactive
-    shell), where one run follows another under the same job and step."""
+    """Tell whether srun started this process as one of several tasks.
+
+    A batch script itself (or an interactive shell) is not: one run follows another there, under
+    the same job and step.
+    """
     step = os.environ.get("SLURM_STEP_ID", "")
     return (
         SLURMEnvironment.detect()
@@ -69,8 +72,11 @@ def slurm_launch_name() -> str:
 
 @cache
 def torchrun_launch_name(time_format: str) -> str:
-    """Rank 0's time, agreed through the elastic agent's store; without that store (disabled
-    with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), the rendezvous id when it names the job."""
+    """Name a torchrun launch by rank 0's time, agreed through the elastic agent's store.
+
+    Without that store (disabled with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1), the rendezvous id
+    names it when it names the job.
+    """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         run_id = os.environ["TORCHELASTIC_RUN_ID"]
         if run_id == "none":
@@ -96,8 +102,10 @@ def torchrun_launch_name(time_format: str) -> str:
 
 
 def external_launcher() -> type[TorchElasticEnvironment | SLURMEnvironment] | None:
-    """Lightning's environment class for torchrun or srun when one of them started this
-    process (its ranks exist already), else None."""
+    """Return Lightning's environment class for torchrun or srun if one started this process.
+
+    Its ranks exist already then. None otherwise.
+    """
     for environment in (TorchElasticEnvironment, SLURMEnvironment):
         if environment.detect():
             return environment
@@ -115,8 +123,11 @@ def rank_zero_only(value: Any) -> Any:
 
 
 def process_rank() -> int:
-    """This process's rank: torchrun's or srun's, else the LOCAL_RANK that Lightning gives the
-    processes it starts for `trainer=ddp` on one node (they compose their own config)."""
+    """Return this process's rank: torchrun's or srun's, else Lightning's LOCAL_RANK.
+
+    Lightning sets LOCAL_RANK in the processes it starts for `trainer=ddp` on one node, which
+    compose their own config.
+    """
     if external_launcher() is not None:
         return launch_rank()
     return int(os.environ.get("LOCAL_RANK", 0))
@@ -128,17 +139,18 @@ def rank_suffix() -> str:
 
 
 def image_classes(data_dir: str) -> int:
-    """data=imagefolder's `num_classes`: its class folders, counted when the config is read
-    (imported then: the data layer loads torchvision, which a launcher process never needs)."""
+    """Count data=imagefolder's class folders, its `num_classes`, when the config is read."""
+    # Imported here: the data layer loads torchvision, which a launcher process never needs.
     from src.data.image.imagefolder import image_classes as count_classes
 
     return count_classes(data_dir)
 
 
 def register_launch_resolvers() -> None:
-    """Make the resolvers above usable in configs. `launch_name` is cached per config like
-    Hydra's `${now:...}`, so a run's directory keeps its name however often it is read."""
-    resolvers = {
+    """Make the resolvers above usable in configs."""
+    resolvers: dict[str, tuple[Callable[..., Any], bool]] = {
+        # Cached per config like `${now:...}`: a run's directory keeps its name however often
+        # it is read.
         "launch_name": (launch_name, True),
         "rank_zero_only": (rank_zero_only, False),
         "rank_suffix": (rank_suffix, False),

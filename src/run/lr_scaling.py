@@ -49,8 +49,11 @@ def effective_batch_size(cfg: DictConfig) -> int:
 
 
 def apply_lr_scaling(cfg: DictConfig) -> None:
-    """Take `scale_lr` and `reference_batch_size` out of `cfg.optimizer` (the optimizer never
-    sees them) and, when `scale_lr` is set, scale `cfg.optimizer.lr` in place."""
+    """Scale `cfg.optimizer.lr` in place when `scale_lr` is set.
+
+    `scale_lr` and `reference_batch_size` are taken out of `cfg.optimizer`: the optimizer never
+    sees them.
+    """
     if not cfg.get("optimizer"):
         return
     with open_dict(cfg.optimizer):
@@ -72,7 +75,7 @@ def apply_lr_scaling(cfg: DictConfig) -> None:
         )
     batch = effective_batch_size(cfg)
     scaled = scaled_lr(lr, batch, reference, rule)
-    if rank_zero_only.rank == 0:
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning on the function
         log.info(
             f"optimizer.lr {lr:g} scaled to {scaled:g} for effective batch {batch} "
             f"(reference {reference}, {rule})"

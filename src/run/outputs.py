@@ -31,8 +31,10 @@ def write_metrics(
 def finish_run(
     trainer: Any, output_dir: str | Path, metrics: Mapping[str, Any], start: float, **extra: Any
 ) -> dict[str, Any]:
-    """On rank 0: write metrics.json (with the wall time since `start`) and print the summary.
-    Other ranks write nothing and get an empty record."""
+    """Write metrics.json (with the wall time since `start`) and print the summary, on rank 0.
+
+    Other ranks write nothing and get an empty record.
+    """
     if not trainer.is_global_zero:
         return {}
     wall_time_s = round(time.perf_counter() - start, 3)

@@ -32,11 +32,12 @@ LISTED_RUNS = 5
 
 def checkpoint_folders(trainer: Trainer) -> set[Path]:
     """The folders the checkpoint callbacks and the preemption save write to."""
+    callbacks = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning, undeclared on Trainer
     return {
         Path(callback.dirpath)
-        for callback in trainer.callbacks
+        for callback in callbacks
         if isinstance(callback, ModelCheckpoint) and callback.dirpath
-    } | {callback.path.parent for callback in trainer.callbacks if isinstance(callback, Preemption)}
+    } | {callback.path.parent for callback in callbacks if isinstance(callback, Preemption)}
 
 
 def newest_last_checkpoint(folders: set[Path]) -> Path | None:
@@ -45,16 +46,21 @@ def newest_last_checkpoint(folders: set[Path]) -> Path | None:
 
 
 def last_checkpoint(trainer: Trainer) -> Path | None:
-    """The newest `last*.ckpt` in the checkpoint callbacks' folders: Lightning's meaning of
-    `ckpt_path="last"` (ModelCheckpoint's `last.ckpt`, the preemption save, versioned ones)."""
+    """Find the newest `last*.ckpt` in the checkpoint callbacks' folders.
+
+    That is Lightning's meaning of `ckpt_path="last"`: ModelCheckpoint's `last.ckpt`, the
+    preemption save, or a versioned one.
+    """
     return newest_last_checkpoint(checkpoint_folders(trainer))
 
 
 def fresh_run_dir() -> Path | None:
-    """This run's directory when this launch named it after the time, so that no earlier
-    launch can have written there; None when it was pinned (`hydra.run.dir=`), is a multirun
-    job's, or is named by the launcher so that a requeued or restarted job finds it again
-    (srun's `slurm-<job id>`, a torchrun worker group's)."""
+    """Return this run's directory if this launch named it after the time, else None.
+
+    Only a time-named directory is sure to be new. None when it was pinned (`hydra.run.dir=`),
+    is a multirun job's, or is named by the launcher so that a requeued or restarted job finds it
+    again (srun's `slurm-<job id>`, a torchrun worker group's).
+    """
     if not HydraConfig.initialized():
         return None
     config = HydraConfig.get()
@@ -100,8 +106,10 @@ def refuse_last_in_fresh_run_dir(run_dir: Path, trainer: Trainer) -> MissingFile
 def checked_ckpt_path(
     ckpt_path: str | None, trainer: Trainer, model: LightningModule
 ) -> str | None:
-    """The checkpoint file to resume from (None: a fresh run), after checking weights-only that
-    it exists and holds a checkpoint of this model."""
+    """Return the checkpoint file to resume from (None: a fresh run), checked to fit this model.
+
+    It is read weights-only, to check that it exists and holds a checkpoint of this model.
+    """
     if ckpt_path == "last":
         found = last_checkpoint(trainer)
         if found is None:

@@ -74,8 +74,10 @@ def acquire(run_dir: Path) -> int:
 
 @contextmanager
 def run_dir_lock(run_dir: str | Path | None) -> Iterator[None]:
-    """Hold the lock on `run_dir` while the block runs (rank 0 only; nothing for None); raise
-    RunDirInUse when another live process holds it."""
+    """Hold the lock on `run_dir` while the block runs, on rank 0 (nothing for None).
+
+    Raises RunDirInUse when another live process holds it.
+    """
     if run_dir is None or process_rank() != 0 or Path(run_dir).resolve() in _held:
         yield
         return
@@ -90,8 +92,10 @@ def run_dir_lock(run_dir: str | Path | None) -> Iterator[None]:
 
 
 def pinned_run_dir(argv: list[str]) -> Path | None:
-    """The run directory `argv` pins with `hydra.run.dir=<dir>`, where Hydra will put it; None
-    for a multirun, without the override, or when its value needs the config to resolve."""
+    """Return the run directory that `argv` pins with `hydra.run.dir=<dir>`, where Hydra puts it.
+
+    None for a multirun, without the override, or when its value needs the config to resolve.
+    """
     if {"-m", "--multirun"} & set(argv):
         return None
     values = [arg.split("=", 1)[1] for arg in argv if arg.startswith("hydra.run.dir=")]

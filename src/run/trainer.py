@@ -1,7 +1,7 @@
 """What train.py and eval.py share: the resolved config, and the Trainer with its callbacks."""
 
 import logging
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -24,8 +24,7 @@ log = logging.getLogger(__name__)
 
 
 class AutoPrecisionTrainer(Trainer):
-    """Lightning's Trainer, which also takes `precision="auto"`: the precision that the device
-    of `accelerator` computes natively on this machine (see `resolved_precision`)."""
+    """Lightning's Trainer that also takes `precision="auto"` (see `resolved_precision`)."""
 
     def __init__(
         self, *, precision: _PRECISION_INPUT | Literal["auto"] | None = None, **kwargs: Any
@@ -35,12 +34,15 @@ class AutoPrecisionTrainer(Trainer):
 
 
 def resolved_precision(precision: Any, accelerator: Any) -> Any:
-    """`precision` as given, or for "auto" the one `accelerator`'s device computes natively
-    here (src/utils/hardware.py), logged once with the reason and how to override it."""
+    """Resolve `precision="auto"` to what `accelerator`'s device computes natively here.
+
+    Any other value passes as given. The choice is logged once, with its reason and the override.
+    """
     if precision != "auto":
         return precision
     choice = machine_precision(str(accelerator))
-    if rank_zero_only.rank == 0:  # every rank resolves; one line says it
+    # Every rank resolves; one line says it.
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning on the function
         other = "bf16-mixed" if choice.precision == "32-true" else "32-true"
         log.info(
             "Precision: %s (%s); set trainer.precision=%s to override",
@@ -53,7 +55,7 @@ def resolved_precision(precision: Any, accelerator: Any) -> Any:
 
 def plain_config(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config as plain Python containers (safe in checkpoints and loggers)."""
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
 
 
 def run_overrides() -> list[str]:
@@ -64,20 +66,15 @@ def run_overrides() -> list[str]:
 
 
 def check_launch(cfg: DictConfig) -> None:
-    """Refuse a launch combination known to break: a Hydra multirun whose jobs start their
-    distributed processes themselves (with `ddp`, `fsdp` or model parallel, Lightning re-runs
-    the command line for each rank, so each child re-runs the whole sweep). `ddp_spawn` starts
-    its ranks with multiprocessing instead and works; under SLURM's srun (e.g. the submitit
-    launcher) or torchrun the ranks already exist and nothing is re-run."""
+    """Refuse a Hydra multirun whose jobs would start their distributed ranks themselves."""
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
         return
     if external_launcher() is not None:
-        return
+        return  # srun (the submitit launcher) or torchrun started the ranks: nothing re-runs
     strategy = strategy_name(cfg.trainer.get("strategy", "auto"))
     devices = cfg.trainer.get("devices", 1)
-    spawns = (
-        strategy.lower() == "ddp_spawn"
-    )  # starts its ranks with multiprocessing, re-runs nothing
+    spawns = strategy.lower() == "ddp_spawn"  # starts its ranks with multiprocessing: works
+    # ddp, fsdp and model parallel re-run the command line for each rank: the whole sweep again.
     if (
         strategy.lower().startswith(("ddp", "fsdp", "modelparallel"))
         and devices != 1
@@ -102,9 +99,9 @@ def strategy_name(strategy: Any) -> str:
 def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = None) -> Trainer:
     """Build the Trainer with the configured callbacks and loggers.
 
-    With `run_config` (resolved config, overrides) every checkpoint also records how the run
-    was configured, and the loggers receive the config as hyperparameters; both hold the
-    precision the run uses, where the config says `trainer.precision: auto`.
+    With `run_config` (resolved config, overrides), every checkpoint records how the run was
+    configured and the loggers receive the config as hyperparameters. Both hold the precision
+    that `trainer.precision: auto` resolved to.
     """
     precision = resolved_precision(
         cfg.trainer.get("precision"), cfg.trainer.get("accelerator", "auto")
@@ -131,9 +128,11 @@ def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = N
 
 def was_preempted(trainer: Trainer) -> bool:
     """Whether a preemption signal stopped this run (it saved a checkpoint to resume from)."""
-    return any(isinstance(c, Preemption) and c.received for c in trainer.callbacks)
+    callbacks = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning, undeclared on Trainer
+    return any(isinstance(c, Preemption) and c.received for c in callbacks)
 
 
 def was_interrupted(trainer: Trainer) -> bool:
     """Whether Ctrl-C (one of the preemption callback's `interrupts`) stopped this run."""
-    return any(isinstance(c, Preemption) and c.received in c.interrupts for c in trainer.callbacks)
+    callbacks = trainer.callbacks  # type: ignore[attr-defined]  # set by Lightning, undeclared on Trainer
+    return any(isinstance(c, Preemption) and c.received in c.interrupts for c in callbacks)

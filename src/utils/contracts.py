@@ -100,3 +100,32 @@ class NamesClasses(Protocol):
     """A datamodule that may know the names behind its label indices (None when it does not)."""
 
     class_names: list[str] | None
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """A language model's adapter, LoRA or none: what trains, what its checkpoints keep of the
+    network, and the network's exports (merged into plain weights, or as a peft folder)."""
+
+    # True: only the adapter's own weights train (the base is frozen), and checkpoints name
+    # the base instead of holding it, so they load only once `complete_checkpoint` ran.
+    freezes_base: bool
+
+    def hyperparameters(self) -> dict[str, Any]: ...  # what rebuilds it from a checkpoint
+
+    def check_can_train(self) -> None: ...  # raises, naming the fix, when it cannot train
+
+    def strip_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
+
+    def complete_checkpoint(self, checkpoint: dict[str, Any], module: Any) -> None: ...
+
+    def merged_network(self) -> Any: ...  # the network with the adapter folded in
+
+    def save_peft(self, folder: Path) -> None: ...
+
+
+@runtime_checkable
+class HasAdapter(Protocol):
+    """A model that trains through an `Adapter` (the language model: LoRA or none)."""
+
+    adapter: Adapter

@@ -2,7 +2,10 @@
 
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+ErrorType = TypeVar("ErrorType", bound=BaseException)
 
 
 class UserFacingError(Exception):
@@ -26,12 +29,12 @@ class MissingFileError(UserFacingError, FileNotFoundError):
 
 
 def exit_on_user_error(main: Callable) -> Callable:
-    """Entry-point decorator: print a UserFacingError (even one wrapped by Hydra's
-    instantiate) as one clear message and exit with status 1, without a traceback.
+    """Make an entry point print a UserFacingError in one line and exit with status 1.
 
-    Inside a Hydra multirun the error is raised as it is instead: the sweep records the job as
-    failed and goes on (an Optuna search tries other values) rather than exiting mid-sweep;
-    except a LaunchError, which every job would hit.
+    No traceback reaches the console, even for an error wrapped by Hydra's instantiate. Inside a
+    Hydra multirun the error is raised as it is instead: the sweep records the job as failed and
+    goes on (an Optuna search tries other values) rather than exiting mid-sweep; except a
+    LaunchError, which every job would hit.
     """
 
     @functools.wraps(main)
@@ -39,9 +42,7 @@ def exit_on_user_error(main: Callable) -> Callable:
         try:
             return main(*args, **kwargs)
         except Exception as error:
-            cause = error
-            while cause is not None and not isinstance(cause, UserFacingError):
-                cause = cause.__cause__ or cause.__context__
+            cause = first_cause(error, UserFacingError)
             if cause is None or (_in_multirun() and not isinstance(cause, LaunchError)):
                 raise
             log_to_files(error)
@@ -50,9 +51,30 @@ def exit_on_user_error(main: Callable) -> Callable:
     return wrapper
 
 
+def cause_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """Yield `error`, then each error beneath it, outermost first.
+
+    Beneath an error lies the one it was raised from (`raise ... from`), else the one being
+    handled when it was raised.
+    """
+    seen: set[int] = set()
+    # Python breaks loops of contexts, not of causes (`a.__cause__ = b; b.__cause__ = a`).
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def first_cause(error: BaseException, kind: type[ErrorType]) -> ErrorType | None:
+    """Find the first `kind` error in `error`'s cause chain, `error` itself included."""
+    return next((cause for cause in cause_chain(error) if isinstance(cause, kind)), None)
+
+
 def log_to_files(error: BaseException) -> None:
-    """Write `error` with its traceback to the run's log files only (train.log), for a bug
-    report, while the console gets one line."""
+    """Write `error` with its traceback to the run's log files only (train.log), for a bug report.
+
+    The console gets one line.
+    """
     exc_info = (type(error), error, error.__traceback__)
     record = logging.getLogger(__name__).makeRecord(
         __name__, logging.ERROR, __file__, 0, "Stopped by:", (), exc_info
@@ -63,9 +85,12 @@ def log_to_files(error: BaseException) -> None:
 
 
 def user_message(error: UserFacingError) -> str:
-    """The error's message. One raised in a DataLoader worker reaches the main process with
-    the worker's traceback as its message ("Caught DataError in DataLoader worker process 0.
-    Original Traceback ..."): its last line holds the message the user needs."""
+    """Return the error's message as the user needs it.
+
+    One raised in a DataLoader worker reaches the main process with the worker's traceback as its
+    message ("Caught DataError in DataLoader worker process 0. Original Traceback ..."): its last
+    line holds the message.
+    """
     message = str(error)
     if message.startswith("Caught ") and "\nOriginal Traceback" in message:
         last = message.strip().splitlines()[-1]

@@ -4,7 +4,7 @@ bf16 runs on dedicated units where a device has them: NVIDIA GPUs from Ampere (c
 on, AMD GPUs, and x86 CPUs with AVX-512 BF16 (Cooper Lake, Zen 4) or AMX (Sapphire Rapids).
 Elsewhere it is emulated: on a CPU without those units bf16-mixed trains about 3x slower than
 fp32, and older GPUs have fp16 tensor cores instead. `scripts/check_env.py` and
-`trainer.precision=auto` both decide with `native_precision`, so they agree.
+`trainer.precision=auto` both decide with `machine_precision`, so they agree.
 """
 
 import platform
@@ -56,17 +56,21 @@ def cpu_bf16_units(flags: Iterable[str]) -> str | None:
 
 
 def gpu_computes_bf16(index: int) -> bool:
-    """Whether CUDA device `index` has bf16 units: torch.cuda.is_bf16_supported's test (any
-    ROCm GPU, NVIDIA from compute 8.0), for any device rather than the current one, and without
-    the emulation it also counts as support."""
+    """Tell whether CUDA device `index` has bf16 units (any ROCm GPU, NVIDIA from compute 8.0).
+
+    This is torch.cuda.is_bf16_supported's test, for any device rather than the current one, and
+    without the emulation that it also counts as support.
+    """
     return bool(torch.version.hip) or torch.cuda.get_device_capability(index) >= (8, 0)
 
 
 def native_precision(
     device_type: str, gpus_bf16: Sequence[bool] = (), cpu_flags: Iterable[str] | None = None
 ) -> PrecisionChoice:
-    """The fastest Lightning precision that `device_type` ("cuda", "mps", "cpu") computes
-    natively, given whether each GPU has bf16 units and the CPU's flags (None: unknown)."""
+    """Pick the fastest precision that `device_type` ("cuda", "mps", "cpu") computes natively.
+
+    `gpus_bf16` says whether each GPU has bf16 units; `cpu_flags` are the CPU's (None: unknown).
+    """
     if device_type == "cuda":
         if all(gpus_bf16):
             return PrecisionChoice("bf16-mixed", "the GPU has bf16 units")
@@ -86,8 +90,11 @@ def native_precision(
 
 
 def device_type_of(accelerator: str) -> str:
-    """The device a Lightning `accelerator` setting trains on here: "auto" and "gpu" pick MPS,
-    else CUDA (else, for "auto", the CPU), in Lightning's order; other names are kept."""
+    """Return the device type that a Lightning `accelerator` setting trains on here.
+
+    "auto" and "gpu" pick MPS, else CUDA (else, for "auto", the CPU), in Lightning's order; other
+    names are kept.
+    """
     name = accelerator.lower()
     if name not in ("auto", "gpu"):
         return name

@@ -25,4 +25,5 @@ def use_pytorch_kernels_in_transformers() -> None:
     if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
         return
     for name in GPU_ONLY_PACKAGES:
-        sys.modules.setdefault(name, None)  # None: `import name` raises ImportError
+        # None: `import name` raises ImportError (typeshed admits only modules there).
+        sys.modules.setdefault(name, None)  # type: ignore[arg-type]

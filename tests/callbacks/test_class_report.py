@@ -67,7 +67,8 @@ def test_the_per_class_table_of_a_short_training_matches_the_models_own_test_pre
 def test_the_confusion_matrix_is_a_png_next_to_the_other_plots(digits_run):
     run_dir, _ = digits_run
     with Image.open(run_dir / "plots" / "confusion_matrix.png") as image:
-        assert image.format == "PNG" and min(image.size) > 100, (image.format, image.size)
+        assert image.format == "PNG", (image.format, image.size)
+        assert min(image.size) > 100, (image.format, image.size)
 
 
 def test_eval_py_writes_the_same_table_for_the_checkpoint_it_tests(digits_run, tmp_path):
@@ -132,7 +133,8 @@ def test_a_language_model_test_writes_no_class_report(tmp_path, caplog):
         quiet_trainer(callbacks=[report]).test(
             LanguageModel(config), dataloaders=torch.utils.data.DataLoader(batches, batch_size=None)
         )
-    assert list(tmp_path.iterdir()) == [] and report.accuracy == {}
+    assert list(tmp_path.iterdir()) == []
+    assert report.accuracy == {}
     assert not [r for r in caplog.records if r.name == "src.callbacks.measurement.class_report"], (
         caplog.text
     )

@@ -23,14 +23,16 @@ def test_compiled_run_keeps_plain_checkpoint_keys_and_reports_compile_figures(tm
         )
     )
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-    assert "net.fc1.weight" in state and not any("_orig_mod" in key for key in state)
+    assert "net.fc1.weight" in state
+    assert not any("_orig_mod" in key for key in state)
     record = json.loads((tmp_path / "metrics.json").read_text())
     metrics = record["metrics"]
     # Tracing makes the first step the slowest, by less than the whole run took.
     assert 0 < metrics["perf/compile_time_s"] < record["wall_time_s"]
     # Validation runs under no_grad, training with grad: the grad-mode guard fails at least once.
     recompiles = metrics["perf/recompiles"]
-    assert recompiles >= 1 and recompiles == int(recompiles), recompiles
+    assert recompiles >= 1, recompiles
+    assert recompiles == int(recompiles), recompiles
 
 
 def test_callbacks_compile_keeps_the_default_callbacks(tmp_path):
@@ -60,4 +62,5 @@ def test_a_recompilation_storm_is_reported_with_its_reason(caplog):
         trainer.fit(ShapeShifter(), loader)
     assert len(callback.recorder.reasons) == 4  # batch sizes 2, 3, 4 and 5 are new shapes
     storm = [r.getMessage() for r in caplog.records if "Recompilation storm" in r.getMessage()]
-    assert storm and "size mismatch" in storm[0]
+    assert storm
+    assert "size mismatch" in storm[0]

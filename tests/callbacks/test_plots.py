@@ -89,7 +89,8 @@ def test_plots_are_written_as_non_empty_pngs(fitted):
     run_dir, _, _ = fitted
     for name in ("curves.png", "throughput.png"):
         png = (run_dir / "plots" / name).read_bytes()
-        assert png[:4] == b"\x89PNG" and len(png) > 10_000, f"{name}: {len(png)} bytes"
+        assert png[:4] == b"\x89PNG", f"{name}: {len(png)} bytes"
+        assert len(png) > 10_000, f"{name}: {len(png)} bytes"
 
 
 # Values per run: per-epoch metrics once an epoch; the step loss every log_every_n_steps=10 of
@@ -172,7 +173,8 @@ def test_a_single_validation_is_a_visible_marked_point(language_model):
     assert [step for step, _ in plots.history["val/loss"]] == [LM_VALIDATE_AT]
     axes = next(axes for axes in figures["curves.png"].axes if axes.get_title() == "loss")
     line = next(line for line in axes.lines if line.get_label() == "val/loss")
-    assert line.get_marker() == "o" and line.get_markersize() >= 5
+    assert line.get_marker() == "o"
+    assert line.get_markersize() >= 5
     notes = [text.get_text() for text in axes.texts]
     assert notes == ["one validation so far"], notes
 

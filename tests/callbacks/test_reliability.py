@@ -135,7 +135,7 @@ def test_a_non_finite_gradient_is_caught_before_the_step_naming_the_parameter(tm
         tmp_path,
         [*FAST, "+callbacks.poison._target_=tests.callbacks.test_reliability.PoisonGradient"],
     )
-    with pytest.raises(NonFiniteError, match="step 3.*gradient of net.fc2.bias"):
+    with pytest.raises(NonFiniteError, match=r"step 3.*gradient of net\.fc2\.bias"):
         train(cfg)
 
 
@@ -172,7 +172,8 @@ def test_ctrl_c_saves_after_the_step_and_prints_a_command_that_resumes(tmp_path,
         "+callbacks.signal.name=SIGINT",
     ]
     record = train(compose_config(tmp_path, overrides))
-    assert record["preempted"] is True and record["interrupted"] is True
+    assert record["preempted"] is True
+    assert record["interrupted"] is True
     assert json.loads((tmp_path / "metrics.json").read_text())["interrupted"] is True
     assert (
         torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 6
@@ -180,7 +181,8 @@ def test_ctrl_c_saves_after_the_step_and_prints_a_command_that_resumes(tmp_path,
     command = caplog.text.split("Resume with:\n")[1].splitlines()[0].strip()
     words = shlex.split(command)
     assert words[:2] == ["python", "train.py"], command
-    assert f"hydra.run.dir={tmp_path}" in words and "ckpt_path=last" in words, command
+    assert f"hydra.run.dir={tmp_path}" in words, command
+    assert "ckpt_path=last" in words, command
 
     resumed = [word for word in words[2:] if not word.startswith(("+callbacks.signal", "hydra."))]
     train(compose_config(tmp_path, resumed))

@@ -34,12 +34,14 @@ def first_logged_lr(run_dir):
 def test_training_starts_from_the_suggested_learning_rate(tmp_path):
     trainer, finder = fit(tmp_path, ["scheduler=cosine"])
     suggestion = finder.optimal_lr.suggestion()
-    assert suggestion is not None and suggestion != pytest.approx(1e-3)
+    assert suggestion is not None
+    assert suggestion != pytest.approx(1e-3)
     assert len(finder.optimal_lr.results["lr"]) == 20
     assert first_logged_lr(tmp_path) == pytest.approx(suggestion)
     assert trainer.lr_scheduler_configs[0].scheduler.base_lrs == [suggestion]
     png = (tmp_path / "plots" / "lr_find.png").read_bytes()
-    assert png[:4] == b"\x89PNG" and len(png) > 10_000
+    assert png[:4] == b"\x89PNG"
+    assert len(png) > 10_000
 
 
 def test_update_lr_false_only_suggests(tmp_path):
@@ -60,7 +62,8 @@ def test_a_resumed_run_keeps_its_learning_rate_without_a_new_range_test(tmp_path
     model = hydra.utils.instantiate(cfg.model)
     trainer.fit(model, datamodule=hydra.utils.instantiate(cfg.data), ckpt_path=checkpoint)
     resumed_finder = next(c for c in trainer.callbacks if isinstance(c, LRFinder))
-    assert resumed_finder.optimal_lr is None and not (tmp_path / "plots" / "lr_find.png").exists()
+    assert resumed_finder.optimal_lr is None
+    assert not (tmp_path / "plots" / "lr_find.png").exists()
     assert trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(suggestion)
 
 

@@ -94,10 +94,9 @@ def test_the_entry_points_refuse_a_malicious_checkpoint(
     assert result.returncode != 0, f"{script} accepted {path}:\n{result.stderr[-2000:]}"
     assert "Traceback" not in result.stderr, f"{script} crashed:\n{result.stderr[-3000:]}"
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
-    assert len(errors) == 1 and f"Refusing to load {path}" in errors[0], (
-        f"{script} should print one 'Error: Refusing to load {path} ...' line, got:\n"
-        f"{result.stderr[-2000:]}"
-    )
+    expected = f"{script} should print one 'Error: Refusing to load {path} ...' line, got:\n"
+    assert len(errors) == 1, f"{expected}{result.stderr[-2000:]}"
+    assert f"Refusing to load {path}" in errors[0], f"{expected}{result.stderr[-2000:]}"
 
 
 @pytest.mark.parametrize(
@@ -239,7 +238,7 @@ def test_last_checkpoint_is_the_newest_step_file_under_a_second_name(two_epochs)
 
 
 def test_ckpt_path_last_resumes_from_the_linked_last_checkpoint(two_epochs, tmp_path):
-    trainer, start = fit_digits(two_epochs, ["trainer.max_epochs=3"], ckpt_path="last")
+    _trainer, start = fit_digits(two_epochs, ["trainer.max_epochs=3"], ckpt_path="last")
     assert start == 2 * STEPS_PER_EPOCH, f"resumed at step {start}"
     folder = two_epochs / "checkpoints"
     newest = folder / f"step_{3 * STEPS_PER_EPOCH:08d}.ckpt"
@@ -271,7 +270,8 @@ def test_relinking_last_checkpoint_never_writes_into_the_file_it_named(tmp_path)
     new.write_bytes(b"new state")
     link_atomically(old, last)
     link_atomically(new, last)
-    assert last.samefile(new) and old.read_bytes() == b"old state"
+    assert last.samefile(new)
+    assert old.read_bytes() == b"old state"
     old.unlink()  # rotated out: last.ckpt never named it anyway, and a link never dangles
     save_atomically({"step": 3}, last)
     assert new.read_bytes() == b"new state", "an atomic save to last.ckpt wrote into step_2"
@@ -286,5 +286,6 @@ def test_without_hard_links_last_checkpoint_is_a_copy(tmp_path, monkeypatch):
     step, last = tmp_path / "step_1.ckpt", tmp_path / "last.ckpt"
     step.write_bytes(b"state")
     link_atomically(step, last)
-    assert last.read_bytes() == b"state" and not last.samefile(step)
+    assert last.read_bytes() == b"state"
+    assert not last.samefile(step)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["last.ckpt", "step_1.ckpt"]

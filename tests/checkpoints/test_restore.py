@@ -3,6 +3,7 @@
 import inspect
 import logging
 import shutil
+from typing import ClassVar
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ from train import train
 class KeepTrainedModule(Callback):
     """Keeps the module and its tokenizer as training left them (last.ckpt holds the same)."""
 
-    trained: dict = {}
+    trained: ClassVar[dict] = {}
 
     def on_train_end(self, trainer, pl_module):
         tokenizer = getattr(trainer.datamodule, "tokenizer", None)
@@ -118,7 +119,8 @@ def test_a_restored_lm_has_the_trained_logits_and_the_bpe_without_the_run_folder
 def test_export_writes_the_tokenizer_next_to_the_weights(bpe_run, tmp_path):
     last, _, tokenizer, _ = bpe_run
     run_script("scripts/export.py", [f"ckpt_path={last}", f"hydra.run.dir={tmp_path}"])
-    assert (tmp_path / "model.safetensors").is_file() and (tmp_path / "config.yaml").is_file()
+    assert (tmp_path / "model.safetensors").is_file()
+    assert (tmp_path / "config.yaml").is_file()
     exported = build_tokenizer("pretrained", path=str(tmp_path / "tokenizer"))
     assert exported.fingerprint == tokenizer.fingerprint, "the exported tokenizer differs"
 
@@ -128,9 +130,9 @@ def test_overrides_change_keys_of_the_stored_config(digits_run):
     restored = restore(last, ["data.batch_size=3", "+data.eval_batch_size=7"])
     assert restored.config.data.batch_size == 3 == restored.datamodule.batch_size
     assert restored.datamodule.eval_batch_size == 7
-    with pytest.raises(ConfigError, match="data.batch_sise is not in the checkpoint's config"):
+    with pytest.raises(ConfigError, match=r"data\.batch_sise is not in the checkpoint's config"):
         restore(last, ["data.batch_sise=3"])
-    with pytest.raises(CheckpointError, match="do not fit .*shape mismatch"):
+    with pytest.raises(CheckpointError, match=r"do not fit .*shape mismatch"):
         restore(last, ["model.net.hidden_size=16"])
 
 
@@ -203,11 +205,11 @@ def test_an_old_byte_level_lm_checkpoint_restores_with_bytes(bpe_run, tmp_path, 
 
 
 def test_an_old_bpe_checkpoint_names_the_tokenizer_folder_to_pass(bpe_run, tmp_path):
-    last, trained, tokenizer, saved = bpe_run
+    last, _trained, tokenizer, saved = bpe_run
     checkpoint = torch.load(last, weights_only=True)
     del checkpoint[TextDataModule.__qualname__]["tokenizer"]
     old = resave(checkpoint, tmp_path / "old.ckpt")
-    with pytest.raises(CheckpointError, match="predates tokenizers in checkpoints.*tokenizer/"):
+    with pytest.raises(CheckpointError, match=r"predates tokenizers in checkpoints.*tokenizer/"):
         restore(old)
     with pytest.raises(SystemExit, match="--tokenizer <run dir>/tokenizer"):
         generate_main(["--ckpt", old, "--prompt", "ROMEO:", "--max-new-tokens", "3"])

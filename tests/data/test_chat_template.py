@@ -238,7 +238,8 @@ def test_the_template_travels_to_map_workers_without_its_loaded_tokenizer(chatml
     template = ChatTemplate(chatml)
     expected = template.render([MULTI_TURN], ["row 1"])
     copy = pickle.loads(pickle.dumps(template))
-    assert copy._tokenizer is None and template._tokenizer is not None
+    assert copy._tokenizer is None
+    assert template._tokenizer is not None
     assert copy.render([MULTI_TURN], ["row 1"]) == expected
 
 

@@ -79,7 +79,8 @@ def test_mnist_reads_plain_and_gzipped_idx_files_without_network(tmp_path):
         assert split_sizes(dm) == {"train": 80, "val": 20, "test": 40}
         image, label = dm.datasets["test"][0]
         _, written_labels = learnable_images(40, 28, 10, seed=1)  # write_mnist's test labels
-        assert image.shape == (1, 28, 28) and int(label) == written_labels[0]
+        assert image.shape == (1, 28, 28)
+        assert int(label) == written_labels[0]
 
 
 def test_mnist_without_files_says_where_to_put_them(tmp_path):
@@ -90,7 +91,8 @@ def test_mnist_without_files_says_where_to_put_them(tmp_path):
         dm.setup()
     message = str(error.value)
     assert str(tmp_path / "MNIST" / "raw") in message
-    assert "train-images-idx3-ubyte" in message and "data.data_dir" in message
+    assert "train-images-idx3-ubyte" in message
+    assert "data.data_dir" in message
 
 
 def test_mnist_rejects_a_dataset_that_is_not_mnist_format():
@@ -107,7 +109,7 @@ def test_wrong_input_shape_or_class_count_fails_with_the_fix(mnist_root):
     dm = MNISTDataModule(
         data_dir=str(mnist_root), download=False, num_classes=5, input_shape=[1, 28, 28]
     )
-    with pytest.raises(ValueError, match="data.num_classes=10"):
+    with pytest.raises(ValueError, match=r"data\.num_classes=10"):
         dm.setup()
 
 
@@ -196,4 +198,5 @@ def test_tensor_datamodule_takes_in_memory_arrays():
     dm = TensorDataModule(x=x, y=y, num_classes=4, input_shape=[2, 3, 3])
     dm.setup()
     batch_x, batch_y = next(iter(dm.train_dataloader()))
-    assert batch_x.shape[1:] == (2, 3, 3) and batch_y.dtype == torch.long
+    assert batch_x.shape[1:] == (2, 3, 3)
+    assert batch_y.dtype == torch.long

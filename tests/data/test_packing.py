@@ -1,5 +1,6 @@
 """Packing metadata, exactly: rows, positions, boundaries, labels, SFT masks, over-long policies."""
 
+import itertools
 import random
 
 import numpy as np
@@ -71,8 +72,9 @@ def test_cu_seqlens_invariants_hold_on_random_packings():
         samples = [sample(list(range(1, n + 1))) for n in lengths]
         batch = collate_rows([[samples[i] for i in row] for row in rows], pad_id=0, row_length=16)
         cu = batch["cu_seqlens"].tolist()
-        assert cu[0] == 0 and cu[-1] == batch["input_ids"].numel()
-        assert all(b > a for a, b in zip(cu, cu[1:], strict=False))
+        assert cu[0] == 0
+        assert cu[-1] == batch["input_ids"].numel()
+        assert all(b > a for a, b in itertools.pairwise(cu))
         assert set(range(0, len(rows) * 16, 16)) <= set(cu)  # every row start
         assert len(cu) - 1 == len(lengths)  # one segment per document, none for padding
         assert batch["document_lengths"].sum() == sum(lengths)
@@ -163,7 +165,8 @@ def test_truncated_samples_are_not_continued(tmp_path):
     store = store_of(tmp_path, [list(range(10, 20))])
     pieces, _ = fit_to_length(store.lengths(), 4, "truncate")
     (piece,) = PackedRows(store, pieces, pack(pieces.length, 4))[0]
-    assert piece.tokens.tolist() == [10, 11, 12, 13] and piece.next_token == X
+    assert piece.tokens.tolist() == [10, 11, 12, 13]
+    assert piece.next_token == X
 
 
 def test_raise_names_the_sample_that_does_not_fit():

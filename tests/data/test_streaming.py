@@ -2,6 +2,7 @@
 and workers, packed online, served with the store's samples and metadata, resumed exactly."""
 
 import gc
+import itertools
 import json
 from collections import Counter
 from functools import partial
@@ -96,7 +97,8 @@ def test_two_ranks_by_two_workers_see_every_document_of_a_pass_exactly_once(tmp_
     counts = Counter(seen[0] + seen[1])
     assert sorted(counts) == list(range(shards * 9))
     assert set(counts.values()) == {1}
-    assert seen[0] and seen[1]
+    assert seen[0]
+    assert seen[1]
 
 
 def test_shards_behind_urls_stream_the_documents_of_the_same_local_files(tmp_path):
@@ -128,7 +130,8 @@ def test_shards_behind_urls_stream_the_documents_of_the_same_local_files(tmp_pat
 def test_a_url_that_cannot_be_read_is_named_in_one_line(url, match):
     with pytest.raises((ConfigError, MissingFileError)) as error:
         resolve_stream_files([url])
-    assert url in str(error.value) and match in str(error.value)
+    assert url in str(error.value)
+    assert match in str(error.value)
 
 
 def test_every_rank_keeps_yielding_batches_after_its_pass_ends(tmp_path):
@@ -223,8 +226,7 @@ def test_a_shard_that_vanishes_mid_stream_is_a_one_line_data_error_naming_it(
     next(iterator)
     files[vanished].unlink()
     with pytest.raises(DataError) as raised:
-        for _ in range(100):
-            next(iterator)
+        list(itertools.islice(iterator, 100))
     message = user_message(raised.value)
     del raised, iterator, loader
     gc.collect()  # the workers stop here, not in whichever later test collects them
@@ -276,12 +278,39 @@ def test_streaming_validates_and_tests_on_the_held_out_files(tmp_path):
     module = streaming_module(tmp_path)
     module.setup()
     held_out = {len(module.datasets[split].pieces) for split in ("val", "test")}
-    assert "train" not in module.datasets and sum(held_out) >= 10
+    assert "train" not in module.datasets
+    assert sum(held_out) >= 10
     metrics = module.packing_metrics()
-    assert metrics["data/rows"] > 0 and 0 <= metrics["data/padding_fraction"] < 1
+    assert metrics["data/rows"] > 0
+    assert 0 <= metrics["data/padding_fraction"] < 1
     assert module.accounting["train"].input > 0
     assert module.vocab_size == TOKENIZER.vocab_size
     assert module.state_dict()["tokenizer"]
+
+
+def test_a_checkpoint_s_tokenizer_loaded_after_setup_replaces_the_stream_s_too(tmp_path):
+    """Lightning sets a datamodule up before it loads the checkpoint's state: a tokenizer that
+    differs from the one setup built (bytes here, a BPE in the checkpoint) re-encodes the
+    training stream as well as the held-out store, exactly as when the state comes first."""
+    heldout = write_shards(tmp_path / "bpe", 1, per_shard=30)
+    trained = TextDataModule(
+        paths=[str(heldout[0])], tokenizer={"kind": "bpe", "vocab_size": 300}, max_seq_len=48
+    )
+    trained.setup()
+    state = trained.state_dict()
+    resumed = streaming_module(tmp_path, shuffle_seed=0)
+    resumed.setup()
+    byte_batch = next(iter(resumed.train_dataloader()))
+    resumed.load_state_dict(state)
+    restored = streaming_module(tmp_path, shuffle_seed=0)
+    restored.load_state_dict(state)
+    restored.setup()
+    expected = next(iter(restored.train_dataloader()))
+    assert resumed.tokenizer.fingerprint == trained.tokenizer.fingerprint
+    assert not torch.equal(byte_batch["input_ids"], expected["input_ids"]), "still bytes"
+    assert_same_tensors(expected, next(iter(resumed.train_dataloader())), "first batch")
+    assert resumed.packing_metrics() == restored.packing_metrics()
+    assert resumed.accounting["train"].input == restored.accounting["train"].input
 
 
 @pytest.mark.parametrize(
@@ -309,7 +338,8 @@ def test_a_streaming_loader_needs_a_run_length_and_a_shard_per_worker(tmp_path, 
     module.trainer = SimpleNamespace(
         world_size=1, global_rank=0, accumulate_grad_batches=1, **trainer
     )
-    with pytest.raises(ConfigError, match=match):
+    # The worker count is checked in setup, the run length in train_dataloader.
+    with pytest.raises(ConfigError, match=match):  # noqa: PT012
         module.setup()
         module.train_dataloader()
 

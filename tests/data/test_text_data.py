@@ -50,7 +50,8 @@ def test_documents_are_split_by_document_and_the_split_follows_split_seed(corpus
     module = text_module(corpus, tmp_path)
     splits = {split: set(all_samples(module, split)) for split in ("train", "val", "test")}
     assert sum(map(len, splits.values())) == len(PARAGRAPHS)
-    assert not (splits["train"] & splits["val"]) and not (splits["train"] & splits["test"])
+    assert not (splits["train"] & splits["val"])
+    assert not (splits["train"] & splits["test"])
     assert all_samples(text_module(corpus, tmp_path, shuffle_seed=7), "val") == sorted(
         splits["val"]
     )
@@ -84,7 +85,7 @@ def test_bucketing_by_length_pads_less_and_still_serves_every_sample(tmp_path):
     bucketed, bucketed_count = padding_and_samples(bucket_by_length=True)
     assert bucketed < plain / 2
     assert bucketed_count == plain_count  # full batches of the same samples, other groupings
-    with pytest.raises(ConfigError, match="data.packing=false"):
+    with pytest.raises(ConfigError, match=r"data\.packing=false"):
         SFTDataModule(packing=True, bucket_by_length=True)
 
 
@@ -122,7 +123,8 @@ def test_a_second_run_reads_the_token_store_and_a_changed_file_misses_it(corpus,
     changed = TextDataModule(paths=[str(corpus)], cache_dir=str(tmp_path / "cache"))
     reads = counting_reads(changed)
     changed.setup()
-    assert reads == [1] and changed.token_store.num_documents == len(PARAGRAPHS) + 1
+    assert reads == [1]
+    assert changed.token_store.num_documents == len(PARAGRAPHS) + 1
 
 
 def test_the_process_that_fills_the_store_reads_the_files_once(corpus, tmp_path):
@@ -130,7 +132,8 @@ def test_the_process_that_fills_the_store_reads_the_files_once(corpus, tmp_path)
     reads = counting_reads(module)
     module.prepare_data()
     module.setup()
-    assert len(reads) == 1 and (tmp_path / "cache").is_dir()
+    assert len(reads) == 1
+    assert (tmp_path / "cache").is_dir()
     samples = sum(len(module.datasets[split].samples) for split in ("train", "val", "test"))
     assert samples == len(PARAGRAPHS), "every paragraph is a sample of exactly one split"
 
@@ -162,7 +165,7 @@ def test_a_hugging_face_tokenizer_folder_gives_the_same_ids_as_transformers(corp
 
 
 def test_a_folder_without_tokenizer_json_is_refused(tmp_path):
-    with pytest.raises(Exception, match="has no tokenizer.json"):
+    with pytest.raises(Exception, match=r"has no tokenizer\.json"):
         load_pretrained(tmp_path)
 
 
@@ -276,7 +279,8 @@ def test_a_text_run_logs_its_packing_and_draws_its_sample_lengths(corpus, tmp_pa
     ]
     record = train(compose_config(tmp_path / "run", overrides))
     png = (tmp_path / "run" / "plots" / "sample_lengths.png").read_bytes()
-    assert png.startswith(b"\x89PNG") and len(png) > 5_000, "not a drawn PNG"
+    assert png.startswith(b"\x89PNG"), "not a drawn PNG"
+    assert len(png) > 5_000, "not a drawn PNG"
     assert load_pretrained(tmp_path / "run" / "tokenizer").vocab_size == 300
     last = tmp_path / "run" / "checkpoints" / "last.ckpt"
     restored = restore(last)
@@ -291,7 +295,8 @@ def test_a_text_run_logs_its_packing_and_draws_its_sample_lengths(corpus, tmp_pa
     metrics = record["metrics"]
     assert metrics["perf/padding_fraction"] < 0.2
     assert metrics["perf/documents_per_row"] > 1
-    assert metrics["perf/real_tokens_per_s"] > 0 and metrics["perf/supervised_tokens_per_s"] > 0
+    assert metrics["perf/real_tokens_per_s"] > 0
+    assert metrics["perf/supervised_tokens_per_s"] > 0
 
 
 def test_make_sft_data_writes_a_file_that_trains(tmp_path):

@@ -83,7 +83,8 @@ def test_txt_documents_do_not_depend_on_where_the_file_is_read_in_chunks(tmp_pat
     whole = tokens_of(text_store([path], tmp_path / "whole"))
     monkeypatch.setattr(readers, "CHUNK_BYTES", 5)  # cuts separators and characters alike
     chunked = tokens_of(text_store([path], tmp_path / "chunked"))
-    assert chunked == whole and len(whole) == len(documents)
+    assert chunked == whole
+    assert len(whole) == len(documents)
 
 
 def test_globs_and_folders_read_every_file_they_hold_in_name_order(tmp_path):
@@ -142,7 +143,8 @@ def test_a_second_run_reads_the_store_without_tokenising(tmp_path):
     again = TextDataModule(paths=[str(corpus)], cache_dir=str(tmp_path / "cache"))
     reads = counting_reads(again)
     again.setup()
-    assert reads == [] and tokens_file.stat().st_mtime_ns == written, "tokenised again"
+    assert reads == [], "tokenised again"
+    assert tokens_file.stat().st_mtime_ns == written, "tokenised again"
     assert tokens_of(again) == tokens_of(first)
 
 
@@ -184,7 +186,8 @@ def test_a_store_written_by_another_tokenizer_is_rebuilt(tmp_path):
     again = TextDataModule(paths=[str(corpus)], cache_dir=str(tmp_path / "cache"), **bpe_options)
     reads = counting_reads(again)
     again.setup()
-    assert reads == [1] and tokens_of(again) == expected
+    assert reads == [1]
+    assert tokens_of(again) == expected
 
 
 def test_a_full_disk_while_writing_leaves_the_previous_store_usable(tmp_path, monkeypatch):
@@ -244,7 +247,8 @@ def test_rows_are_read_by_position_as_the_map_holds_them(tmp_path):
     store = module.token_store
     for begin, end in [(0, 5), (17, 90), (len(store.tokens) - 3, len(store.tokens))]:
         tokens, targets = store.read(begin, end)
-        assert targets is None and np.array_equal(tokens, store.tokens[begin:end])
+        assert targets is None
+        assert np.array_equal(tokens, store.tokens[begin:end])
     copy = pickle.loads(pickle.dumps(store))  # as a spawned loader worker receives it
     assert len(pickle.dumps(store)) < 2000, "the pickle carries the tokens"
     assert np.array_equal(copy.read(3, 40)[0], store.tokens[3:40])
@@ -385,7 +389,8 @@ def test_preparation_runs_once_per_node_unless_the_cache_is_shared(tmp_path):
     shared = TextDataModule(
         paths=[str(corpus)], cache_dir=str(tmp_path / "cache"), prepare_per_node=False
     )
-    assert per_node.prepare_data_per_node and not shared.prepare_data_per_node
+    assert per_node.prepare_data_per_node
+    assert not shared.prepare_data_per_node
     shared.prepare_data()  # what global rank 0 runs, before every rank's setup
     reads = counting_reads(per_node)
     per_node.setup()

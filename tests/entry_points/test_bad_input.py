@@ -19,7 +19,7 @@ from scripts.generate import main as generate_main
 from src.checkpoints import io as checkpoint_io
 from src.run.config.key_hints import typo_hint
 from src.run.hydra_callbacks import check_writable
-from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError
+from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError, first_cause
 from tests.helpers import (
     FAST,
     ROOT,
@@ -295,7 +295,7 @@ CASES = {
 def test_bad_input_gets_a_clear_error(tmp_path, case):
     make_input, error_type, words = CASES[case]
     overrides = make_input(tmp_path)
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - Hydra may wrap it: user_error unwraps
         train(compose_config(tmp_path / "run", [*FAST, *overrides]))
     error = user_error(raised.value, error_type)
     for word in words:
@@ -306,9 +306,7 @@ def test_bad_input_gets_a_clear_error(tmp_path, case):
 def user_error(raised: BaseException, error_type: type) -> BaseException:
     """The `error_type` error in `raised` or what it was raised from, as the entry points find
     it (Hydra's instantiate wraps the errors of the objects it builds)."""
-    error = raised
-    while error is not None and not isinstance(error, error_type):
-        error = error.__cause__ or error.__context__
+    error = first_cause(raised, error_type)
     assert error is not None, f"{type(raised).__name__}, not {error_type.__name__}: {raised}"
     return error
 
@@ -381,7 +379,8 @@ def test_a_full_disk_at_the_start_of_a_run_is_named_in_one_line(full_disk):
         check_writable(full_disk / "run", "hydra.run.dir")
     message = str(exit_.value)
     assert message.startswith(f"Error: no space left on the device holding {full_disk / 'run'}")
-    assert "kB free" in message and "hydra.run.dir=..." in message, message
+    assert "kB free" in message, message
+    assert "hydra.run.dir=..." in message, message
 
 
 @pytest.mark.slow
@@ -441,7 +440,8 @@ def test_every_entry_point_names_a_file_that_is_not_a_checkpoint_in_one_line(
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("Error: ") and words in last_line, last_line
+    assert last_line.startswith("Error: "), last_line
+    assert words in last_line, last_line
     assert "weights_only" not in result.stderr, last_line
 
 
@@ -462,9 +462,11 @@ def test_an_entry_point_names_what_to_set_in_one_line(tmp_path, script, args, wo
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line.startswith("Error: ") and words in last_line, last_line
+    assert last_line.startswith("Error: "), last_line
+    assert words in last_line, last_line
     log = (tmp_path / f"{script.removesuffix('.py')}.log").read_text()
-    assert "Traceback" in log and words in log, f"the log lacks the traceback: {log[-2000:]}"
+    assert "Traceback" in log, f"the log lacks the traceback: {log[-2000:]}"
+    assert words in log, f"the log lacks the traceback: {log[-2000:]}"
 
 
 def test_generate_on_a_classifier_checkpoint_says_it_needs_a_language_model(tmp_path):

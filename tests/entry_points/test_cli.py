@@ -16,9 +16,12 @@ def test_multirun_runs_each_job_in_its_own_dir_and_summarises_the_sweep(tmp_path
         record = json.loads((tmp_path / job / "metrics.json").read_text())
         assert "test/acc" in record["metrics"]
     summary = (tmp_path / "summary.md").read_text()
-    assert "model=simplenet" in summary and "model=cnn" in summary and "(best)" in summary
+    assert "model=simplenet" in summary
+    assert "model=cnn" in summary
+    assert "(best)" in summary
     rows = (tmp_path / "summary.csv").read_text().splitlines()
-    assert len(rows) == 3 and "val/acc_best" in rows[0]
+    assert len(rows) == 3
+    assert "val/acc_best" in rows[0]
 
 
 @pytest.mark.slow
@@ -55,14 +58,16 @@ def test_unknown_model_lists_the_available_ones():
     result = run_train(["model=resnet9000"], check=False)
     assert result.returncode != 0
     assert "Could not find 'model/resnet9000'" in result.stderr
-    assert "cnn" in result.stderr and "simplenet" in result.stderr
+    assert "cnn" in result.stderr
+    assert "simplenet" in result.stderr
 
 
 @pytest.mark.slow
 def test_wrongly_typed_value_names_the_key_and_the_expected_type_without_a_traceback():
     result = run_train(["trainer.max_epochs=ten"], check=False)
     assert result.returncode != 0
-    assert "trainer.max_epochs='ten'" in result.stderr and "expects int" in result.stderr
+    assert "trainer.max_epochs='ten'" in result.stderr
+    assert "expects int" in result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -74,7 +79,8 @@ def test_eval_with_a_missing_checkpoint_says_what_to_pass(tmp_path):
         check=False,
     )
     assert result.returncode != 0
-    assert "is not a file" in result.stderr and "checkpoints/last.ckpt" in result.stderr
+    assert "is not a file" in result.stderr
+    assert "checkpoints/last.ckpt" in result.stderr
 
 
 def test_runs_default_to_timestamped_dirs_under_logs_train_runs(monkeypatch):

@@ -96,7 +96,8 @@ def test_a_folder_from_the_command_line_writes_predictions_csv(tmp_path, digits_
         assert (row["label_1"], row["label_2"]) == (label_1, label_2), row
         assert float(row["probability_1"]) == pytest.approx(p_1, abs=1e-6)
         assert float(row["probability_2"]) == pytest.approx(p_2, abs=1e-6)
-        assert p_1 >= p_2 and p_1 + p_2 <= 1 + 1e-6
+        assert p_1 >= p_2
+        assert p_1 + p_2 <= 1 + 1e-6
 
 
 def test_one_file_prints_its_top_k_and_writes_no_csv(tmp_path, digits_ckpt, digit_pngs, capsys):
@@ -104,7 +105,8 @@ def test_one_file_prints_its_top_k_and_writes_no_csv(tmp_path, digits_ckpt, digi
     predictions = predict_with(tmp_path, f"ckpt_path={digits_ckpt}", f"input={image}", "top_k=4")
     report(predictions, image, tmp_path)
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{image}: "), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{image}: "), lines
     assert lines[0].count("(") == 4, lines[0]
     assert not (tmp_path / "predictions.csv").exists()
 
@@ -153,7 +155,8 @@ def test_a_folder_with_a_corrupt_file_predicts_the_others_and_reports_one_skippe
     assert [path.name for path, _ in predictions] == ["00.png", "02.png"]
     warnings = [record.getMessage() for record in caplog.records if record.name == "predict"]
     assert len(warnings) == 1, warnings
-    assert "Skipped 1 of 3 image files" in warnings[0] and "corrupt.png" in warnings[0], warnings
+    assert "Skipped 1 of 3 image files" in warnings[0], warnings
+    assert "corrupt.png" in warnings[0], warnings
 
 
 def test_a_folder_where_no_image_is_readable_fails_with_one_clear_error(tmp_path, digits_ckpt):
@@ -170,7 +173,7 @@ def test_a_folder_where_no_image_is_readable_fails_with_one_clear_error(tmp_path
 def test_a_checkpoint_without_its_run_config_is_refused_with_what_to_use(tmp_path, digit_pngs):
     bare = tmp_path / "bare.ckpt"
     torch.save({"state_dict": {}}, bare)
-    with pytest.raises(CheckpointError, match="records no run config.*written by train.py"):
+    with pytest.raises(CheckpointError, match=r"records no run config.*written by train\.py"):
         predict_with(tmp_path / "run", f"ckpt_path={bare}", f"input={digit_pngs[0]}")
 
 

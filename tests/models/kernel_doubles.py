@@ -1,18 +1,15 @@
 """Stand-ins for the CUDA-only kernels the Qwen layers call, for tests on CPU.
 
 Each refuses what its kernel refuses (the checks of causal-conv1d's extension, the input contract
-of torch's varlen_attn) with a `ContractViolation`, then computes the kernel's result with a
-reference: the layer's own PyTorch convolution, and masked scaled_dot_product_attention. Passed in
-a `Kernels` with `eligible=lambda x: True`, they run the layers' kernel branches on CPU;
-`recorded` notes each call, so that a test knows which branches ran.
+of torch's varlen_attn) with a `ContractViolation`, then computes the kernel's result from the
+kernel's own contract, with none of the project's code: a depthwise `conv1d` of each document
+zero-padded on its left, and masked scaled_dot_product_attention. Passed in a `Kernels` with
+`eligible=lambda x: True`, they run the layers' kernel branches on CPU; `recorded` notes each
+call, so that a test knows which branches ran.
 """
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call
-
-from src.models.language.qwen.boundaries import DocumentBoundaries
-from src.models.language.qwen.deltanet import ShortConvolution
 
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -38,14 +35,32 @@ def recorded(name: str, kernel, calls: list):
 
 def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, activation=None):
     """causal-conv1d's `causal_conv1d_fn` for x [B, channels, T] read channel-last, weight
-    [channels, width] and seq_idx [B, T]: taps that reach into another seq_idx read zero."""
+    [channels, width] and seq_idx [B, T]: out[b, c, t] = silu(sum_j weight[c, j] *
+    x[b, c, t - (width - 1) + j]), where taps before the row's start or in another seq_idx read
+    zero. Each run of one seq_idx is convolved alone, which is the same as long as no index comes
+    back after another (the layers number documents in order); in fp32, as the kernel computes."""
     require(activation in ("silu", "swish"), f"activation {activation!r}: this stand-in is SiLU's")
     require(bias is None, "bias: the Qwen layers pass none, and this stand-in takes none")
     _check_conv_inputs(x, weight, seq_idx)
-    conv = ShortConvolution(x.shape[1], weight.shape[1])
-    boundaries = None if seq_idx is None else _boundaries(seq_idx)
-    out = functional_call(conv, {"weight": weight[:, None]}, (x.transpose(1, 2), boundaries))
-    return out.transpose(1, 2)  # channel-last, as the kernel's output is laid out like x
+    batch, channels, length = x.shape
+    width = weight.shape[1]
+    filters = weight.float()[:, None]  # [channels, 1, width]: one filter per channel
+    rows = []
+    for row in range(batch):
+        lengths = [length] if seq_idx is None else _run_lengths(seq_idx[row])
+        documents = x[row].float().split(lengths, dim=-1)  # each [channels, its length]
+        convolved = [
+            F.conv1d(F.pad(document, (width - 1, 0)), filters, groups=channels)
+            for document in documents
+        ]
+        rows.append(torch.cat(convolved, dim=-1))
+    out = F.silu(torch.stack(rows)).to(x.dtype)
+    return torch.empty_like(x).copy_(out)  # laid out like x, as the kernel's output is
+
+
+def _run_lengths(ids: torch.Tensor) -> list[int]:
+    """The lengths of the runs of one value in the 1-D `ids`, in order."""
+    return torch.unique_consecutive(ids, return_counts=True)[1].tolist()
 
 
 def _check_conv_inputs(x, weight, seq_idx) -> None:
@@ -70,16 +85,6 @@ def _check_conv_inputs(x, weight, seq_idx) -> None:
         require(seq_idx.is_contiguous(), "seq_idx is not contiguous")
         require(seq_idx.device == x.device, f"seq_idx on {seq_idx.device}, x on {x.device}")
         require(seq_idx.shape == (batch, length), f"seq_idx {list(seq_idx.shape)} for x [B, C, T]")
-
-
-def _boundaries(seq_idx: torch.Tensor) -> DocumentBoundaries | None:
-    """The documents of seq_idx [B, T]: runs of one index, each row starting a new one."""
-    batch, length = seq_idx.shape
-    starts = torch.ones_like(seq_idx, dtype=torch.bool)
-    starts[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
-    offsets = starts.flatten().nonzero().flatten()
-    cu_seqlens = torch.cat((offsets, offsets.new_tensor([batch * length])))
-    return DocumentBoundaries.from_cu_seqlens(cu_seqlens.int(), batch, length)
 
 
 def varlen_attn(

@@ -12,7 +12,13 @@ from torchvision import models
 
 from src.data.image.imagefolder import image_classes
 from src.models.vision.backbones import torchvision_backbone
-from src.utils.errors import CheckpointError, ConfigError, MissingFileError, UserFacingError
+from src.utils.errors import (
+    CheckpointError,
+    ConfigError,
+    MissingFileError,
+    UserFacingError,
+    first_cause,
+)
 from tests.helpers import FAST, compose_config, write_image_folder
 from train import train
 
@@ -69,9 +75,7 @@ def last_weights(run_dir) -> dict[str, torch.Tensor]:
 
 def user_error(raised: BaseException) -> BaseException:
     """The UserFacingError in `raised` or what it was raised from, as the entry points find it."""
-    error = raised
-    while error is not None and not isinstance(error, UserFacingError):
-        error = error.__cause__ or error.__context__
+    error = first_cause(raised, UserFacingError)
     assert error is not None, f"no user-facing error in {type(raised).__name__}: {raised}"
     return error
 
@@ -112,7 +116,8 @@ def test_a_weights_file_loads_the_backbone_and_leaves_a_new_head(
     for key, value in saved.items():
         if not is_head("resnet18", key):
             assert torch.equal(loaded[key], value), f"{key} differs from the file's"
-    assert net.fc.out_features == 3 and not torch.equal(loaded["fc.bias"], saved["fc.bias"][:3])
+    assert net.fc.out_features == 3
+    assert not torch.equal(loaded["fc.bias"], saved["fc.bias"][:3])
     assert f"backbone weights from {path}; the 3-class head fc is new" in caplog.text
 
 
@@ -192,17 +197,20 @@ def test_a_weights_file_of_another_network_names_its_keys_in_one_line(tmp_path):
 
 
 def test_a_weights_file_that_does_not_exist_is_named(tmp_path):
-    with pytest.raises(MissingFileError, match="model.net.weights=.*missing.pth' does not exist"):
+    with pytest.raises(
+        MissingFileError, match=r"model\.net\.weights=.*missing\.pth' does not exist"
+    ):
         resnet18_backbone(str(tmp_path / "missing.pth"))
 
 
 @pytest.mark.parametrize("data", ["digits", "mnist"])
 def test_grey_scale_data_is_refused_naming_the_data_that_fits(tmp_path, data):
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - Hydra may wrap it: user_error unwraps
         train(compose_config(tmp_path, [*FAST, "model=resnet18", f"data={data}"]))
     message = str(user_error(raised.value))
     assert "model=resnet18 takes RGB images" in message, message
-    assert "data=imagefolder" in message and "model=cnn" in message, message
+    assert "data=imagefolder" in message, message
+    assert "model=cnn" in message, message
 
 
 @pytest.mark.parametrize(
@@ -211,16 +219,18 @@ def test_grey_scale_data_is_refused_naming_the_data_that_fits(tmp_path, data):
 )
 def test_vit_b_16_refuses_images_it_cannot_take(tmp_path, image_folder, shape, reason):
     overrides = [*backbone_run("vit_b_16", image_folder), f"data.input_shape={shape}"]
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - Hydra may wrap it: user_error unwraps
         instantiate(compose_config(tmp_path, overrides).model)
     message = str(user_error(raised.value))
     assert "model=vit_b_16 cannot take images of data.input_shape=" in message, message
-    assert reason in message and "\n" not in message, message
+    assert reason in message, message
+    assert "\n" not in message, message
 
 
 def test_an_explicit_num_classes_wins_over_the_folders(tmp_path, image_folder):
     cfg = compose_config(tmp_path, [*backbone_run("resnet18", image_folder), "data.num_classes=5"])
-    assert cfg.data.num_classes == 5 and cfg.model.net.num_classes == 5
+    assert cfg.data.num_classes == 5
+    assert cfg.model.net.num_classes == 5
 
 
 def test_classes_are_counted_in_the_train_folder_when_there_is_one(tmp_path):
@@ -232,7 +242,8 @@ def test_classes_are_counted_in_the_train_folder_when_there_is_one(tmp_path):
 def test_a_folder_without_class_folders_says_so_when_counting_classes(tmp_path):
     (tmp_path / "images").mkdir()
     cfg = compose_config(tmp_path / "run", backbone_run("resnet18", tmp_path / "images"))
-    with pytest.raises(Exception) as raised:
+    with pytest.raises(Exception) as raised:  # noqa: PT011 - Hydra may wrap it: user_error unwraps
         OmegaConf.to_container(cfg.data, resolve=True)
     message = str(user_error(raised.value))
-    assert "class folder" in message and "one sub-folder per class" in message, message
+    assert "class folder" in message, message
+    assert "one sub-folder per class" in message, message

@@ -103,7 +103,8 @@ def test_checkpoints_hold_plain_values_and_reload_for_eval_and_generation(traine
 
     command = ["--ckpt", path, "--prompt", "ROMEO:", "--max-new-tokens", "20"]
     (text,) = generate_main(command)
-    assert text.startswith("ROMEO:") and len(text) > len("ROMEO:"), text
+    assert text.startswith("ROMEO:"), text
+    assert len(text) > len("ROMEO:"), text
     assert generate_main(command) == [text], "the same seed samples the same continuation"
 
 
@@ -195,7 +196,8 @@ def test_the_lm_trains_with_the_same_adamw_and_schedule_as_before_the_optimizer_
     order; linear warmup over 50 steps, then a cosine to 0.1 x lr at the last step (600)."""
     _, module, configured = lm_optimization(tmp_path, ["experiment=lm_text"])
     optimizer, lr_scheduler = configured["optimizer"], configured["lr_scheduler"]
-    assert type(optimizer) is torch.optim.AdamW and lr_scheduler["interval"] == "step"
+    assert type(optimizer) is torch.optim.AdamW
+    assert lr_scheduler["interval"] == "step"
 
     def factor(step):
         if step < 50:
@@ -237,7 +239,8 @@ def test_weight_decay_follows_the_parameter_names_recorded_before_any_wrapping(t
     module = hydra.utils.instantiate(cfg.model)
     matrices = {name for name, p in module.named_parameters() if p.ndim >= 2}
     vectors = {name for name, p in module.named_parameters() if p.ndim < 2}
-    assert "net.model.norm.weight" in vectors and "net.model.embed_tokens.weight" in matrices
+    assert "net.model.norm.weight" in vectors
+    assert "net.model.embed_tokens.weight" in matrices
     assert any("A_log" in name for name in vectors), "the DeltaNet gates are vectors"
     layers = module.net.model.layers
     for index, layer in enumerate(layers):
@@ -248,7 +251,8 @@ def test_weight_decay_follows_the_parameter_names_recorded_before_any_wrapping(t
     assert any("_checkpoint_wrapped_module" in name for name in wrapped.values())
 
     decay, no_decay = module.param_groups()
-    assert no_decay["weight_decay"] == 0.0 and "weight_decay" not in decay
+    assert no_decay["weight_decay"] == 0.0
+    assert "weight_decay" not in decay
     unwrap = {name.replace("_checkpoint_wrapped_module.", "") for name in wrapped.values()}
     assert unwrap == matrices | vectors
     decayed = {wrapped[p].replace("_checkpoint_wrapped_module.", "") for p in decay["params"]}
@@ -343,5 +347,5 @@ def test_model_kernels_chooses_the_layers_kernels_and_refuses_anything_else(tmp_
     assert all(layer.kernels is PYTORCH for layer in layers)
     automatic = hydra.utils.instantiate(compose_config(tmp_path, ["model=qwen3_tiny"]).model)
     assert all(layer.self_attn.kernels is None for layer in automatic.net.model.layers)
-    with pytest.raises(ConfigError, match="model.kernels='fused': choose auto .* or pytorch"):
+    with pytest.raises(ConfigError, match=r"model\.kernels='fused': choose auto .* or pytorch"):
         LanguageModel(config=dict(cfg.model.config), kernels="fused")

@@ -1,4 +1,4 @@
-"""LoRA adapters (`adapter=lora`, src/models/language/adapters.py): only the adapters train,
+"""LoRA adapters (`adapter=lora`, src/models/language/lora/): only the adapters train,
 checkpoints name their base instead of holding it, runs resume exactly, and the adapters export to
 peft's format, which transformers' models load with the same logits."""
 
@@ -15,17 +15,16 @@ from safetensors.torch import load_file, save_file
 
 from src.checkpoints.restore import restore
 from src.data.corpus.tokenizers import ByteTokenizer
-from src.models.language.adapters import (
-    DEFAULT_TARGETS,
-    adapter_state,
-    attach_lora,
-    fingerprint,
-    is_adapter_key,
-)
+from src.models.language.adapters import NoAdapter
 from src.models.language.language_model import LanguageModel
+from src.models.language.lora.adapter import LoraAdapter, attach_lora
+from src.models.language.lora.base import fingerprint
+from src.models.language.lora.injection import adapter_state, is_adapter_key
+from src.models.language.lora.spec import DEFAULT_TARGETS
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.run.config.checks import check_config_types
 from src.run.language.hf_export import export_for_transformers, export_peft
+from src.utils.contracts import Adapter
 from src.utils.errors import CheckpointError, ConfigError
 from tests.helpers import (
     FAST,
@@ -122,13 +121,15 @@ def model_type(request):
 def test_only_the_adapters_require_grad_and_reach_the_optimizer(tmp_path, model_type):
     model = lora_model(write_base(tmp_path, model_type), model_type)
     trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-    assert trainable and all(is_adapter_key(name) for name in trainable)
+    assert trainable
+    assert all(is_adapter_key(name) for name in trainable)
     assert len(trainable) == 2 * ADAPTED[model_type]  # lora_A and lora_B of each module
     adapted = {name.split(".lora_")[0].rsplit(".", 1)[-1] for name in trainable}
     expected = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     if model_type == "qwen3_next":
         expected |= {"in_proj_qkvz", "in_proj_ba", "out_proj"}
-    assert adapted == expected and adapted <= set(DEFAULT_TARGETS)
+    assert adapted == expected
+    assert adapted <= set(DEFAULT_TARGETS)
 
     optimizer = model.configure_optimizers()
     in_optimizer = {id(p) for group in optimizer.param_groups for p in group["params"]}
@@ -142,6 +143,30 @@ def test_only_the_adapters_require_grad_and_reach_the_optimizer(tmp_path, model_
         assert (parameter.grad is not None) == is_adapter_key(name), name
 
 
+def test_the_model_holds_lora_or_no_adapter_behind_one_contract(tmp_path):
+    base = write_base(tmp_path, "qwen3")
+    plain = LanguageModel(CONFIGS["qwen3"], pretrained=str(base), kernels="pytorch")
+    assert isinstance(plain.adapter, NoAdapter), type(plain.adapter).__name__
+    assert isinstance(plain.adapter, Adapter), "NoAdapter lacks members of the Adapter contract"
+    assert "adapter" not in plain.hparams
+    assert plain.strict_loading, "a whole-network checkpoint must load strictly"
+    assert all(p.requires_grad for p in plain.parameters()), "without an adapter all trains"
+    assert plain.adapter.merged_network() is plain.net
+
+    lora = lora_model(base, "qwen3")
+    assert isinstance(lora.adapter, LoraAdapter), type(lora.adapter).__name__
+    assert isinstance(lora.adapter, Adapter), "LoraAdapter lacks members of the Adapter contract"
+    assert lora.hparams["adapter"] == {**lora.adapter.spec.to_dict(), "r": 4, "alpha": 8.0}
+    assert not lora.strict_loading, "a LoRA checkpoint leaves the base out"
+
+
+def test_format_peft_of_a_model_without_adapters_names_the_other_formats(tmp_path):
+    model = LanguageModel(CONFIGS["qwen3"], pretrained=str(write_base(tmp_path, "qwen3")))
+    with pytest.raises(CheckpointError, match=r"without adapter=lora.*format=merged"):
+        export_peft(model, tmp_path / "adapter")
+    assert not (tmp_path / "adapter").exists()
+
+
 def test_the_base_stays_frozen_in_its_own_dtype():
     config = QwenConfig.from_dict(CONFIGS["qwen3_next"])
     net = QwenLM(config).to(torch.bfloat16)
@@ -151,22 +176,24 @@ def test_the_base_stays_frozen_in_its_own_dtype():
     for key, value in before.items():
         adapted = key.replace(".weight", ".base_layer.weight")
         current = after[adapted] if adapted in after else after[key]
-        assert current.dtype == torch.bfloat16 and torch.equal(current, value), key
+        assert current.dtype == torch.bfloat16, key
+        assert torch.equal(current, value), key
     frozen = [p for n, p in net.named_parameters() if not is_adapter_key(n)]
-    assert frozen and not any(p.requires_grad for p in frozen)
+    assert frozen
+    assert not any(p.requires_grad for p in frozen)
 
 
 def test_target_modules_that_name_nothing_are_refused_naming_the_projections():
     net = QwenLM(QwenConfig.from_dict(CONFIGS["qwen3"]))
-    with pytest.raises(ConfigError, match="names no linear module.*q_proj"):
+    with pytest.raises(ConfigError, match=r"names no linear module.*q_proj"):
         attach_lora(net, {"target_modules": ["lm_head_typo"]}, pretrained=None)
     with pytest.raises(ConfigError, match="unknown keys"):
         attach_lora(net, {"rank": 8}, pretrained=None)
 
 
 def test_gated_deltanet_adapters_take_effect_and_vanish_with_b_at_zero(tmp_path):
-    """The layer stacks in_proj_qkvz and in_proj_ba into one weight; adapted, it calls them (and
-    reorders their outputs: transformers' logits match in the peft export test below)."""
+    """The layer calls in_proj_qkvz and in_proj_ba, adapted or not, and regroups their outputs
+    (transformers' logits match in the peft export test below)."""
     base = write_base(tmp_path / "base", "qwen3_next")
     model = lora_model(base, "qwen3_next", target_modules=["in_proj_qkvz", "in_proj_ba"])
     plain = QwenLM.from_pretrained(base)
@@ -196,7 +223,8 @@ def test_adapters_under_activation_checkpointing_get_the_same_gradients(tmp_path
         model.train()
         model.net(tokens, labels=tokens).loss_sum.backward()
         gradients.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
-    assert gradients[0].keys() == gradients[1].keys() and gradients[0]
+    assert gradients[0].keys() == gradients[1].keys()
+    assert gradients[0]
     for name, gradient in gradients[0].items():
         torch.testing.assert_close(gradients[1][name], gradient, rtol=1e-6, atol=1e-7, msg=name)
 
@@ -220,7 +248,8 @@ def test_peft_loads_the_exported_adapters_onto_transformers_with_the_same_logits
     export_peft(model, tmp_path / "adapter")
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(base.resolve())
-    assert config["r"] == 4 and config["lora_alpha"] == 8
+    assert config["r"] == 4
+    assert config["lora_alpha"] == 8
     tokens = torch.randint(0, 64, (2, 16))
     with torch.no_grad():
         ours = model.net(tokens)
@@ -322,7 +351,8 @@ def test_a_lora_checkpoint_holds_the_adapters_and_names_its_base(lora_run, tiny_
     run_dir, record = lora_run
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     network = [key for key in checkpoint["state_dict"] if key.startswith("net.")]
-    assert network and all(is_adapter_key(key) for key in network)
+    assert network
+    assert all(is_adapter_key(key) for key in network)
     assert checkpoint["adapter_base"]["path"] == str(tiny_base.resolve())
     assert checkpoint["adapter_base"]["fingerprint"] == fingerprint(tiny_base)
     assert checkpoint["hyper_parameters"]["adapter"]["r"] == 16
@@ -356,7 +386,8 @@ def test_ema_and_lora_keep_the_base_out_of_both_state_dicts(tmp_path, tiny_base)
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     for name in ("state_dict", "current_model_state"):
         network = [key for key in checkpoint[name] if key.startswith("net.")]
-        assert network and all(is_adapter_key(key) for key in network), name
+        assert network, name
+        assert all(is_adapter_key(key) for key in network), name
     restore(tmp_path / "checkpoints" / "last.ckpt")  # loads whole
 
 
@@ -410,11 +441,12 @@ def test_the_scripts_export_a_lora_run_for_peft_and_merged(lora_run, tiny_base, 
     assert checkpoint["hyper_parameters"]["adapter"]["r"] == 16
     start = restored.model.state_dict()
     adapters = {k: v for k, v in checkpoint["state_dict"].items() if is_adapter_key(k)}
-    assert adapters and all(torch.equal(value, start[key]) for key, value in adapters.items())
+    assert adapters
+    assert all(torch.equal(value, start[key]) for key, value in adapters.items())
 
 
 def test_lora_without_a_pretrained_base_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="model.pretrained"):
+    with pytest.raises(ConfigError, match=r"model\.pretrained"):
         train(compose_config(tmp_path, lm_run(tmp_path, "adapter=lora", "trainer.max_steps=1")))
 
 
@@ -482,7 +514,8 @@ def test_two_processes_train_the_adapters_like_one(tmp_path, tiny_base, trainer)
         for d in ("one", "two")
     )
     network = {k for k in two["state_dict"] if k.startswith("net.")}
-    assert network and all(is_adapter_key(k) for k in network)
+    assert network
+    assert all(is_adapter_key(k) for k in network)
     assert two["adapter_base"] == one["adapter_base"]
     for key in network:
         torch.testing.assert_close(
@@ -566,7 +599,8 @@ def test_qwen3_0_6b_with_lora_trains_two_steps_and_exports_for_peft_on_a_cpu(tmp
     base_bytes = sum(f.stat().st_size for f in (tmp_path / "base").glob("*.safetensors"))
     assert last.stat().st_size < base_bytes / 5
     b_matrices = [v for k, v in checkpoint["state_dict"].items() if "lora_B" in k]
-    assert len(b_matrices) == 28 * 7 and max(b.abs().max() for b in b_matrices) > 1e-3
+    assert len(b_matrices) == 28 * 7
+    assert max(b.abs().max() for b in b_matrices) > 1e-3
     run_script(
         "scripts/export.py",
         [f"ckpt_path={last}", "format=peft", f"hydra.run.dir={tmp_path / 'peft'}"],

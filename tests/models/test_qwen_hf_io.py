@@ -11,6 +11,7 @@ from safetensors.torch import load_file, save_file
 from src.models.language.language_model import LanguageModel
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.models.language.qwen.hf_io import check_same_architecture, config_from_hf
+from src.models.language.qwen.state_dict_adapter import ADAPTERS
 from src.utils.errors import CheckpointError, ConfigError
 from tests.helpers import ROOT, perturbed_model, tiny_config
 
@@ -45,6 +46,42 @@ def test_a_saved_model_loads_back_identically(saved):
     assert loaded.lm_head.weight is not loaded.model.embed_tokens.weight  # untied stays untied
 
 
+@pytest.mark.parametrize("tied", [True, False])
+@pytest.mark.parametrize("model_type", sorted(ADAPTERS))
+def test_every_model_type_loads_back_what_it_saved(tmp_path, model_type, tied):
+    model = perturbed_model(tiny_config(model_type, tie_word_embeddings=tied))
+    model.save_pretrained(tmp_path / "saved")
+    loaded = QwenLM.from_pretrained(tmp_path / "saved")
+    loaded.save_pretrained(tmp_path / "again")
+    written, rewritten = (
+        json.loads((tmp_path / d / "config.json").read_text()) for d in ("saved", "again")
+    )
+    assert written == rewritten, f"{model_type}: config.json changed on the way back"
+    saved_weights, loaded_weights = model.state_dict(), loaded.state_dict()
+    differing = [k for k in saved_weights if not torch.equal(saved_weights[k], loaded_weights[k])]
+    assert not differing, f"{model_type}: {differing} changed on the way back"
+    assert (loaded.lm_head.weight is loaded.model.embed_tokens.weight) == tied
+
+
+def test_a_tied_lm_head_is_left_out_of_the_file_and_ignored_when_a_file_repeats_it(tmp_path):
+    model = perturbed_model(tiny_config("qwen3", tie_word_embeddings=True))
+    model.save_pretrained(tmp_path)
+    assert "lm_head.weight" not in load_file(tmp_path / "model.safetensors")
+    rewrite_weights(tmp_path, lambda t: t.update({"lm_head.weight": torch.zeros(97, 48)}))
+    loaded = QwenLM.from_pretrained(tmp_path)
+    assert torch.equal(loaded.lm_head.weight, model.model.embed_tokens.weight)
+
+
+def test_a_missing_tied_embedding_is_named_alone(tmp_path):
+    QwenLM(tiny_config("qwen3", tie_word_embeddings=True)).save_pretrained(tmp_path)
+    rewrite_weights(tmp_path, lambda t: t.pop("model.embed_tokens.weight"))
+    with pytest.raises(
+        CheckpointError,
+        match=r"missing in the file \(1\): model\.embed_tokens\.weight \[97, 48\]\.",
+    ):
+        QwenLM.from_pretrained(tmp_path)
+
+
 def test_missing_keys_are_named(saved):
     _, folder = saved
     rewrite_weights(folder, lambda t: t.pop("model.layers.1.linear_attn.A_log"))
@@ -72,12 +109,12 @@ def test_unexpected_and_misshapen_keys_are_named(saved):
 def test_a_config_that_disagrees_with_the_weights_names_every_misfit(saved):
     _, folder = saved
     rewrite_config(folder, intermediate_size=96)
-    with pytest.raises(CheckpointError, match="shape mismatch .*model.layers.0.mlp.down_proj"):
+    with pytest.raises(CheckpointError, match=r"shape mismatch .*model\.layers\.0\.mlp\.down_proj"):
         QwenLM.from_pretrained(folder)
 
 
 def test_multi_token_prediction_weights_of_released_checkpoints_are_skipped(saved):
-    model, folder = saved
+    _model, folder = saved
     rewrite_weights(folder, lambda t: t.update({"mtp.fc.weight": torch.zeros(4, 4)}))
     QwenLM.from_pretrained(folder)
 
@@ -85,7 +122,7 @@ def test_multi_token_prediction_weights_of_released_checkpoints_are_skipped(save
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"model_type": "llama"}, "model_type='llama'"),
+        ({"model_type": "llama"}, r"model_type='llama'; QwenLM loads \['qwen3', 'qwen3_next'\]"),
         ({"num_experts": 8}, "mixture of experts"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type"),
         ({"hidden_act": "gelu"}, "hidden_act"),

@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.models.language.qwen.delta_rule import chunk_gated_delta_rule, recurrent_gated_delta_rule
 from src.models.language.qwen.generation import Cache
-from tests.helpers import ROOT, max_difference, perturbed_model, tiny_config
+from tests.helpers import ROOT, perturbed_model, tiny_config
+from tests.models.support import max_difference
 
 TOLERANCE = 1e-5
 
@@ -73,7 +74,8 @@ def test_greedy_generation_picks_the_argmax_of_a_full_forward(model_type):
     model = perturbed_model(tiny_config(model_type))
     prompt = torch.randint(0, 97, (2, 7), generator=torch.Generator().manual_seed(4))
     output = model.generate(prompt, max_new_tokens=12)
-    assert output.shape == (2, 19) and torch.equal(output[:, :7], prompt)
+    assert output.shape == (2, 19)
+    assert torch.equal(output[:, :7], prompt)
     with torch.no_grad():
         recomputed = model(output[:, :-1]).argmax(-1)[:, 6:]
     assert torch.equal(recomputed, output[:, 7:])

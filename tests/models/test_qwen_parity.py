@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from src.models.language.qwen import QwenLM
-from tests.helpers import max_difference, perturbed_model, tiny_config
+from src.models.language.qwen.state_dict_adapter import ADAPTERS
+from tests.helpers import perturbed_model, tiny_config
+from tests.models.support import max_difference
 
 transformers = pytest.importorskip("transformers")
 
@@ -58,7 +60,8 @@ def test_a_transformers_folder_loads_with_the_same_logits(tmp_path, kind):
     assert difference < TOLERANCE, f"{kind}: logits differ by {difference}"
 
 
-@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_next"])
+# Every registered model type, so that a new adapter is held to transformers from the start.
+@pytest.mark.parametrize("model_type", sorted(ADAPTERS))
 def test_save_pretrained_loads_in_transformers_with_the_same_logits(tmp_path, model_type):
     ours = perturbed_model(tiny_config(model_type, linear_chunk_size=64)).eval()
     ours.save_pretrained(tmp_path)

@@ -18,8 +18,8 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-from triton.runtime import interpreter  # noqa: E402
-from triton.runtime.autotuner import Autotuner  # noqa: E402
+from triton.runtime import interpreter
+from triton.runtime.autotuner import Autotuner
 
 _prune_configs = Autotuner.prune_configs
 _patch_lang = interpreter._patch_lang

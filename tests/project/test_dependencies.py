@@ -40,22 +40,6 @@ def lightning_advisory(version: str) -> str | None:
     return None
 
 
-@pytest.mark.parametrize(
-    ("version", "advisory"),
-    [
-        ("2.6.2", COMPROMISED),
-        ("2.6.3", COMPROMISED),
-        ("2.5.1", CHECKPOINT_RCE),
-        ("2.6.5", CHECKPOINT_RCE),
-        ("2.6.6", None),
-        ("2.7.0", None),
-    ],
-)
-def test_a_lightning_version_is_judged_by_its_advisory(version, advisory):
-    found = lightning_advisory(version)
-    assert found == advisory, f"lightning {version}: expected {advisory}, judged {found}"
-
-
 @pytest.mark.parametrize("distribution", ["lightning", "pytorch-lightning"])
 def test_the_installed_lightning_has_no_known_advisory(distribution):
     try:

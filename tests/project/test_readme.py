@@ -1,11 +1,12 @@
-"""The README's commands work as written, and the files, options and targets it names exist.
+"""The commands of the README and of the guides work as written, and what they name exists.
 
 A shell block whose info string is `bash runnable` (CONTRIBUTING.md) holds commands that must
-succeed, one per line. The tests run them in README order in a temporary copy of the tracked
-files, with the current interpreter for `python` and overrides appended that shrink each run to
-a few batches (a value the command sets itself wins, except the FORCED ones). `<run>` in a path
-is the run directory of the newest matching file that an earlier command wrote. `make test` runs
-the commands in FAST; `make test-slow` runs all of them.
+succeed, one per line. The tests run a document's commands in its order in a temporary copy of
+the tracked files, with the current interpreter for `python` and overrides appended that shrink
+each run to a few batches (a value the command sets itself wins, except the FORCED ones).
+`<run>` in a path is the run directory of the newest matching file that an earlier command of
+the same document wrote. `make test` runs the README's commands in FAST; `make test-slow` runs
+every document's. The site's nav (mkdocs.yml) must list every guide.
 """
 
 import os
@@ -20,10 +21,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# The README and every guide: each is read and checked the same way.
+DOCUMENTS = [README, *sorted(DOCS.glob("*.md"))]
+# The document whose table of config groups must list every group in conf/.
+GROUPS_TABLE = DOCS / "configuration.md"
+MKDOCS = ROOT / "mkdocs.yml"
 RUNNABLE = "bash runnable"
 
 # The essential path through the README, a few seconds each: the ones `make test` runs.
@@ -64,10 +72,19 @@ OTHER_SCRIPTS = (
 CHEAP_MAKE_TARGETS = ("help", "check-env", "train")
 
 
+def name(document: Path) -> str:
+    return str(document.relative_to(ROOT))
+
+
 @dataclass(frozen=True)
 class Command:
     text: str  # as written, without its comment
-    line: int  # in README.md
+    document: Path
+    line: int  # in the document
+
+    @property
+    def where(self) -> str:
+        return f"{name(self.document)} line {self.line}"
 
     @property
     def argv(self) -> list[str]:
@@ -89,16 +106,30 @@ def code_blocks(text: str) -> list[tuple[str, int, list[str]]]:
     return blocks
 
 
-def runnable_commands() -> list[Command]:
+def runnable_commands(document: Path) -> list[Command]:
     commands = []
-    for info, start, lines in code_blocks(README.read_text()):
+    for info, start, lines in code_blocks(document.read_text()):
         if info != RUNNABLE:
             continue
         for offset, line in enumerate(lines):
             text = " ".join(re.sub(r"(^|\s)#.*$", "", line).split())
             if text:
-                commands.append(Command(text, start + offset))
+                commands.append(Command(text, document, start + offset))
     return commands
+
+
+each_document = pytest.mark.parametrize("document", DOCUMENTS, ids=name)
+each_document_with_commands = pytest.mark.parametrize(
+    "document", [d for d in DOCUMENTS if runnable_commands(d)], ids=name
+)
+
+
+def anchors(document: Path) -> set[str]:
+    """The anchors of a document's headings, as the repository host names them."""
+    return {
+        re.sub(r"[^\w\- ]", "", heading).strip().lower().replace(" ", "-")
+        for heading in re.findall(r"^#+ (.*)$", document.read_text(), re.MULTILINE)
+    }
 
 
 def setting(arg: str) -> str | None:
@@ -135,7 +166,7 @@ def with_overrides(args: list[str], defaults: list[str], forced: list[str]) -> l
 
 
 def adapt(argv: list[str]) -> list[str]:
-    """The command to run for a README command: this interpreter, shrunk to seconds."""
+    """The command to run for a documented command: this interpreter, shrunk to seconds."""
     program, *args = argv
     if program == "make":
         (target,) = args[:1] or ["help"]
@@ -174,7 +205,7 @@ def resolve(arg: str, root: Path) -> str:
 
 
 def write_user_files(root: Path) -> None:
-    """What the README expects users to bring: an image and a folder of images of digits."""
+    """What the documents expect users to bring: an image and a folder of images of digits."""
     from sklearn.datasets import load_digits
 
     digits = load_digits()
@@ -212,97 +243,146 @@ def run_in_copy(commands: list[Command], tmp_path: Path) -> None:
         result = subprocess.run(
             argv, cwd=root, env=env, capture_output=True, text=True, timeout=600
         )
-        print(f"{time.perf_counter() - start:6.1f} s  README.md:{command.line}  {command.text}")
+        print(f"{time.perf_counter() - start:6.1f} s  {command.where}  {command.text}")
         if result.returncode != 0:
             output = (result.stdout + result.stderr)[-4000:]
             pytest.fail(
-                f"README.md line {command.line}: `{command.text}` exited with "
+                f"{command.where}: `{command.text}` exited with "
                 f"{result.returncode}.\nRan: {shlex.join(argv)}\n{output}"
             )
 
 
 @pytest.mark.slow
 def test_the_fast_readme_commands_run_as_written(tmp_path):
-    run_in_copy([c for c in runnable_commands() if c.text in FAST], tmp_path)
+    run_in_copy([c for c in runnable_commands(README) if c.text in FAST], tmp_path)
 
 
 @pytest.mark.slow
-def test_every_runnable_readme_command_runs_as_written(tmp_path):
-    run_in_copy(runnable_commands(), tmp_path)
+@each_document_with_commands
+def test_every_runnable_command_runs_as_written(document, tmp_path):
+    run_in_copy(runnable_commands(document), tmp_path)
 
 
-def test_every_runnable_command_can_be_run_and_every_fast_one_is_in_the_readme():
-    commands = runnable_commands()
-    texts = [command.text for command in commands]
-    assert len(commands) >= len(FAST)
+def test_every_fast_command_is_in_the_readme():
+    texts = [command.text for command in runnable_commands(README)]
+    assert len(texts) >= len(FAST)
     missing = [text for text in FAST if text not in texts]
     assert not missing, f"FAST names commands the README no longer has: {missing}"
-    for command in commands:
+
+
+@each_document
+def test_every_runnable_command_can_be_run(document):
+    for command in runnable_commands(document):
         argv = adapt(command.argv)  # fails for a program or make target it cannot run
         others = [p for p in re.findall(r"<[^>]*>", " ".join(argv)) if p != "<run>"]
-        assert not others, f"README.md line {command.line}: placeholders {others} cannot run"
+        assert not others, f"{command.where}: placeholders {others} cannot run"
 
 
-def test_blocks_are_closed_and_runnable_lines_are_single_commands():
-    assert README.read_text().count("```") % 2 == 0, "an unclosed code fence"
-    for command in runnable_commands():
+@each_document
+def test_blocks_are_closed_and_runnable_lines_are_single_commands(document):
+    assert document.read_text().count("```") % 2 == 0, f"{name(document)}: an unclosed code fence"
+    for command in runnable_commands(document):
         assert not re.search(r"\\$|&&|\|\||;|\|", command.text), (
-            f"README.md line {command.line}: one plain command per line (no `\\`, `&&`, `;`, "
+            f"{command.where}: one plain command per line (no `\\`, `&&`, `;`, "
             f"pipes), so that the tests can run it"
         )
 
 
-def test_links_and_paths_in_the_readme_exist():
-    text = README.read_text()
-    links = re.findall(r"\]\(([^)#\s]+)[^)]*\)", text)
+@each_document
+def test_links_and_paths_exist(document):
+    """Links resolve from the document's folder, named paths from the root, anchors too."""
+    text = document.read_text()
+    links = {
+        link
+        for link in re.findall(r"\]\(([^)#\s]+)[^)]*\)", text)
+        if not link.startswith(("http:", "https:"))
+    }
     named = re.findall(
-        r"(?<![\w/.<-])((?:conf|src|scripts|tests|notebooks|docs)/[\w./*-]*|CONTRIBUTING\.md|"
-        r"Makefile|train\.py|eval\.py|predict\.py)",
+        # docs/ by its pages only: a word such as the `docs/step` of a table header is no path.
+        r"(?<![\w/.<-])((?:conf|src|scripts|tests|notebooks)/[\w./*-]*|docs/[\w.-]+\.md|"
+        r"CONTRIBUTING\.md|Makefile|train\.py|eval\.py|predict\.py)",
         text,
     )
-    paths = {p.rstrip(".,:") for p in links + named if not p.startswith(("http:", "https:"))}
-    for required in ("docs/BENCHMARKS.md", "CONTRIBUTING.md", "notebooks/quickstart.ipynb"):
-        assert required in paths, f"the README does not link {required}"
+    paths = {p.rstrip(".,:") for p in named}
+    if document == README:
+        for required in ("docs/BENCHMARKS.md", "CONTRIBUTING.md", "notebooks/quickstart.ipynb"):
+            assert required in paths | links, f"the README does not link {required}"
     missing = sorted(p for p in paths if not any(ROOT.glob(p)))
-    assert not missing, f"the README names files that do not exist: {missing}"
-    anchors = {
-        re.sub(r"[^\w\- ]", "", heading).strip().lower().replace(" ", "-")
-        for heading in re.findall(r"^#+ (.*)$", text, re.MULTILINE)
-    }
-    broken = sorted(set(re.findall(r"\]\(#([^)]+)\)", text)) - anchors)
-    assert not broken, f"links to headings that do not exist: {broken}"
+    missing += sorted(link for link in links if not (document.parent / link).exists())
+    assert not missing, f"{name(document)} names files that do not exist: {missing}"
+    broken = [
+        f"{target}#{anchor}"
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", text)
+        if anchor not in anchors(document.parent / target if target else document)
+    ]
+    assert not broken, f"{name(document)} links to headings that do not exist: {broken}"
 
 
-def test_every_make_target_and_config_option_in_the_readme_exists():
+@each_document
+def test_every_make_target_and_config_option_exists(document):
     makefile = (ROOT / "Makefile").read_text()
     targets = set(re.findall(r"^([\w-]+):", makefile, re.MULTILINE))
-    text = README.read_text()
-    for info, start, lines in code_blocks(text):
+    for info, start, lines in code_blocks(document.read_text()):
         if not info.startswith("bash"):
             continue
         for number, line in enumerate(lines, start):
+            where = f"{name(document)} line {number}"
             argv = shlex.split(line, comments=True)
             if argv[:1] == ["make"]:
-                assert argv[1] in targets, f"README.md line {number}: no make target {argv[1]}"
+                assert argv[1] in targets, f"{where}: no make target {argv[1]}"
             for arg in argv:
-                group, _, option = arg.lstrip("+").partition("=")
-                if not (ROOT / "conf" / group).is_dir() or "." in group:
+                group, equals, option = arg.lstrip("+").partition("=")
+                if not equals or not (ROOT / "conf" / group).is_dir() or "." in group:
                     continue
-                for name in option.strip("[]").split(","):
-                    path = ROOT / "conf" / group / f"{name}.yaml"
-                    assert path.is_file(), f"README.md line {number}: no option {group}={name}"
+                for option_name in option.strip("[]").split(","):
+                    path = ROOT / "conf" / group / f"{option_name}.yaml"
+                    assert path.is_file(), f"{where}: no option {group}={option_name}"
 
 
-def test_the_groups_table_lists_every_group_with_options_that_exist():
-    rows = re.findall(r"^\| `([\w/]+)` \| (.*?) \|", README.read_text(), re.MULTILINE)
-    table = {group: cell for group, cell in rows if (ROOT / "conf" / group).is_dir()}
+def groups_table(document: Path) -> dict[str, str]:
+    """The rows of a document's tables that name a config group: group -> its options cell."""
+    rows = re.findall(r"^\| `([\w/]+)` \| (.*?) \|", document.read_text(), re.MULTILINE)
+    return {group: cell for group, cell in rows if (ROOT / "conf" / group).is_dir()}
+
+
+@each_document
+def test_the_options_a_groups_table_lists_exist(document):
+    for group, cell in groups_table(document).items():
+        for option in re.findall(r"`([\w-]+)`", cell):
+            path = ROOT / "conf" / group / f"{option}.yaml"
+            assert path.is_file(), f"{name(document)}: no option {group}={option}"
+
+
+def test_the_groups_table_lists_every_group():
     groups = {
         str(path.relative_to(ROOT / "conf"))
         for path in (ROOT / "conf").rglob("*")
         if path.is_dir() and any(path.glob("*.yaml"))
     }
-    undocumented = groups - set(table) - {"paths", "hydra"}
-    assert not undocumented, f"config groups missing from the README's table: {undocumented}"
-    for group, cell in table.items():
-        for option in re.findall(r"`([\w-]+)`", cell):
-            assert (ROOT / "conf" / group / f"{option}.yaml").is_file(), f"{group}={option}"
+    undocumented = groups - set(groups_table(GROUPS_TABLE)) - {"paths", "hydra"}
+    assert not undocumented, f"config groups missing from {name(GROUPS_TABLE)}: {undocumented}"
+
+
+def nav_pages(entries: list) -> list[str]:
+    """Every page a mkdocs nav names, sections walked into."""
+    pages = []
+    for entry in entries:
+        for value in entry.values() if isinstance(entry, dict) else [entry]:
+            pages += nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_the_site_nav_names_every_guide_and_each_entry_exists():
+    config = yaml.safe_load(MKDOCS.read_text())
+    root_pages = config["extra"]["root_pages"]  # site page -> repository file, by a hook
+    pages = nav_pages(config["nav"])
+    missing = [
+        page
+        for page in pages
+        if not (DOCS / page).is_file() and not (ROOT / root_pages.get(page, "")).is_file()
+    ]
+    assert not missing, f"mkdocs.yml's nav names pages that do not exist: {missing}"
+    unlisted = sorted({path.name for path in DOCS.glob("*.md")} - set(pages))
+    assert not unlisted, f"guides missing from mkdocs.yml's nav: {unlisted}"
+    assert root_pages.get("index.md") == "README.md", "the site's home page is not the README"
+    assert "index.md" in pages, "mkdocs.yml's nav has no home page"

@@ -102,9 +102,11 @@ def test_quiet_console_hides_a_tip_that_the_log_file_still_gets(tmp_path, consol
         logging.getLogger().removeHandler(log_file)
         log_file.close()
     logged = (tmp_path / "train.log").read_text()
-    assert "Tip" not in screen.getvalue() and "Tip" in logged
+    assert "Tip" not in screen.getvalue()
+    assert "Tip" in logged
     for line in ("`Trainer.fit` stopped", "a bottleneck"):
-        assert line in screen.getvalue() and line in logged, line
+        assert line in screen.getvalue(), line
+        assert line in logged, line
 
 
 def help_of(config_name: str) -> str:
@@ -126,37 +128,49 @@ def test_help_lists_the_callbacks_a_user_picks_not_the_pieces_of_default():
     assert {"default", "none", "early_stopping", "ema"} <= set(options), options
     assert not {"rng_state", "finite_check", "model_checkpoint", "plots"} & set(options), options
     assert "callbacks.<name>=null" in text  # how to turn one off
-    assert "+group=option" in text and re.search(r"^tune\n  lr_find ", text, flags=re.MULTILINE)
+    assert "+group=option" in text
+    assert re.search(r"^tune\n  lr_find ", text, flags=re.MULTILINE)
 
 
 def test_help_of_predict_lists_no_training_groups_and_its_own_settings():
     text = help_of("predict")
-    assert "model (now:" not in text and "callbacks" not in text and "compile" not in text
-    assert "top_k: 3" in text and "input: ???" in text
+    assert "model (now:" not in text
+    assert "callbacks" not in text
+    assert "compile" not in text
+    assert "top_k: 3" in text
+    assert "input: ???" in text
 
 
 @pytest.mark.slow
 def test_a_run_prints_one_summary_and_the_config_tree_but_no_tips(tmp_path):
     result = run_train(SHORT_RUN, tmp_path)
     shown = result.stdout + result.stderr
-    assert "💡 Tip" not in shown and "Seed set to" not in shown
-    assert "Layer summary" in shown and not LIGHTNING_TABLE.search(shown)
-    assert "Config (all of it:" in shown and "model: simplenet" in shown
+    assert "💡 Tip" not in shown
+    assert "Seed set to" not in shown
+    assert "Layer summary" in shown
+    assert not LIGHTNING_TABLE.search(shown)
+    assert "Config (all of it:" in shown
+    assert "model: simplenet" in shown
     assert "max_epochs: 1" in (tmp_path / "config_tree.txt").read_text()
     logged = (tmp_path / "train.log").read_text()
-    assert "💡 Tip" in logged and LIGHTNING_TABLE.search(logged) and "Seed set to 42" in logged
+    assert "💡 Tip" in logged
+    assert LIGHTNING_TABLE.search(logged)
+    assert "Seed set to 42" in logged
 
 
 @pytest.mark.slow
 def test_extras_quiet_false_shows_the_tips_and_both_summaries(tmp_path):
     result = run_train([*SHORT_RUN, "extras.quiet=false"], tmp_path)
     shown = result.stdout + result.stderr
-    assert "💡 Tip" in shown and "Layer summary" in shown and LIGHTNING_TABLE.search(shown)
+    assert "💡 Tip" in shown
+    assert "Layer summary" in shown
+    assert LIGHTNING_TABLE.search(shown)
 
 
 @pytest.mark.slow
 def test_help_from_the_command_line_lists_options_and_hydra_help_still_works():
     shown = run_train(["--help"]).stdout
-    assert "callbacks (now: default)" in shown and "  none  " in shown
+    assert "callbacks (now: default)" in shown
+    assert "  none  " in shown
     assert "rng_state  " not in shown
     assert "== Flags ==" in run_train(["--hydra-help"]).stdout

@@ -27,9 +27,9 @@ from tests.helpers import (
     ROOT,
     assert_same_tensors,
     compose_config,
-    free_port,
     run_train,
 )
+from tests.run.support import free_port
 from train import train
 
 # SimpleNet has no dropout, so one process and two see the same computation.
@@ -94,7 +94,8 @@ def test_a_multirun_with_ddp_is_refused_with_the_way_out(tmp_path):
         ["-m", "trainer=ddp_cpu", "seed=1,2", f"hydra.sweep.dir={tmp_path}"], check=False
     )
     assert result.returncode != 0
-    assert "cannot use trainer.strategy=ddp" in result.stderr and "Traceback" not in result.stderr
+    assert "cannot use trainer.strategy=ddp" in result.stderr
+    assert "Traceback" not in result.stderr
     assert "trainer.strategy=ddp_spawn" in result.stderr  # the way out
 
 
@@ -321,7 +322,8 @@ def test_the_fsdp_config_shards_each_decoder_layer_and_recomputes_through_the_mo
     )
     check_config_types(cfg)
     strategy = hydra.utils.instantiate(cfg.trainer.strategy)
-    assert isinstance(strategy, FSDPStrategy) and cfg.trainer.precision == "auto"
+    assert isinstance(strategy, FSDPStrategy)
+    assert cfg.trainer.precision == "auto"
     assert strategy.sharding_strategy == ShardingStrategy.FULL_SHARD
     assert strategy._state_dict_type == "full"  # one weights-only loadable file
     assert strategy._activation_checkpointing_kwargs == {}  # one switch: the model's

@@ -77,7 +77,7 @@ def test_training_s_lm_eval_settings_default_to_evaluate_lm_yaml_and_refuse_unkn
     assert settings.tasks == ["sft_choice"], settings
     assert settings.limit == 5
     assert settings.batch_size == defaults.batch_size, settings
-    with pytest.raises(ConfigError, match="lm_eval.limt is not a setting"):
+    with pytest.raises(ConfigError, match=r"lm_eval\.limt is not a setting"):
         LmEvalSettings.for_training(OmegaConf.create({"tasks": ["sft_choice"], "limt": 5}))
 
 

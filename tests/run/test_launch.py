@@ -12,7 +12,7 @@ from torch.distributed import TCPStore
 from src.run import launch
 from src.run.config.compose import CONF_DIR
 from src.utils.errors import LaunchError
-from tests.helpers import free_port
+from tests.run.support import free_port
 
 TIME_FORMAT = "%Y-%m-%d_%H-%M-%S_%f"
 LAUNCH_VARIABLES = [
@@ -105,7 +105,7 @@ def test_torchrun_without_the_agent_store_uses_the_rendezvous_id(monkeypatch):
     assert launch.launch_name(TIME_FORMAT) == "torchrun-job-7"
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
     launch.torchrun_launch_name.cache_clear()
-    with pytest.raises(LaunchError, match="hydra.run.dir=.*--rdzv-id"):
+    with pytest.raises(LaunchError, match=r"hydra\.run\.dir=.*--rdzv-id"):
         launch.launch_name(TIME_FORMAT)
 
 

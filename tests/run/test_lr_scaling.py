@@ -55,7 +55,8 @@ def test_the_language_model_lr_is_scaled_in_the_optimizer_config_like_any_other(
     )
     apply_lr_scaling(cfg)  # lm_shakespeare: batch 16 on one device, optimizer=adamw_lm at 2e-3
     scaled = 2e-3 * math.sqrt(16 / 64)
-    assert math.isclose(cfg.optimizer.lr, scaled) and "scale_lr" not in cfg.optimizer
+    assert math.isclose(cfg.optimizer.lr, scaled)
+    assert "scale_lr" not in cfg.optimizer
     assert "lr" not in cfg.model, "the LM has no learning rate of its own"
     configured = hydra.utils.instantiate(cfg.model).configure_optimizers()
     assert configured["lr_scheduler"]["scheduler"].base_lrs == pytest.approx([scaled, scaled])
@@ -64,7 +65,8 @@ def test_the_language_model_lr_is_scaled_in_the_optimizer_config_like_any_other(
 def test_without_scale_lr_nothing_changes(tmp_path):
     cfg = compose_config(tmp_path, ["+optimizer.reference_batch_size=64", "data.batch_size=128"])
     apply_lr_scaling(cfg)
-    assert cfg.optimizer.lr == 1e-3 and "reference_batch_size" not in cfg.optimizer
+    assert cfg.optimizer.lr == 1e-3
+    assert "reference_batch_size" not in cfg.optimizer
 
 
 @pytest.mark.parametrize(

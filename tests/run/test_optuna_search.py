@@ -185,9 +185,12 @@ def test_a_job_whose_process_dies_fails_alone():
     calls = [os.getpid, functools.partial(os._exit, 3), functools.partial(int, "x")]
     pid, died, raised = run_in_processes(calls)
 
-    assert isinstance(pid, int) and pid != os.getpid(), "the call ran in this process"
-    assert isinstance(died, ChildProcessError) and "code 3" in str(died), died
-    assert isinstance(raised, ValueError) and "'x'" in str(raised), raised
+    assert isinstance(pid, int), "the call ran in this process"
+    assert pid != os.getpid(), "the call ran in this process"
+    assert isinstance(died, ChildProcessError), died
+    assert "code 3" in str(died), died
+    assert isinstance(raised, ValueError), raised
+    assert "'x'" in str(raised), raised
 
 
 def test_each_parallel_job_sees_one_gpu_of_this_process_round_robin(monkeypatch):

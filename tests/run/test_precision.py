@@ -124,8 +124,15 @@ def test_the_lm_experiments_leave_the_precision_to_auto_on_every_trainer(
 
 @pytest.mark.parametrize(
     ("trainer", "precision"),
-    [("gpu", "auto"), ("ddp", "auto"), ("fsdp", "auto"), ("model_parallel", "auto")]
-    + [("default", "32-true"), ("cpu", "32-true"), ("ddp_cpu", "32-true")],
+    [
+        ("gpu", "auto"),
+        ("ddp", "auto"),
+        ("fsdp", "auto"),
+        ("model_parallel", "auto"),
+        ("default", "32-true"),
+        ("cpu", "32-true"),
+        ("ddp_cpu", "32-true"),
+    ],
 )
 def test_the_gpu_trainers_default_to_auto_and_the_cpu_ones_to_fp32(tmp_path, trainer, precision):
     assert compose_config(tmp_path, [f"trainer={trainer}"]).trainer.precision == precision

@@ -40,7 +40,8 @@ def test_a_directory_locked_by_a_live_process_is_refused_naming_it(tmp_path):
         except RunDirInUse as error:
             message = str(error)
         assert f"in use by process {holder.pid} on " in message, message
-        assert str(tmp_path) in message and "hydra.run.dir" in message, message
+        assert str(tmp_path) in message, message
+        assert "hydra.run.dir" in message, message
     finally:
         holder.kill()
         holder.wait()

@@ -53,7 +53,8 @@ def test_slurm_launcher_asks_for_one_task_per_device_on_every_node():
     assert launcher["nodes"] == 2
     assert launcher["timeout_min"] == 240
     # Time to requeue before the limit; requeued at most max_num_timeout times.
-    assert launcher["signal_delay_s"] >= 60 and launcher["max_num_timeout"] > 0
+    assert launcher["signal_delay_s"] >= 60
+    assert launcher["max_num_timeout"] > 0
 
 
 def test_slurm_launcher_defaults_to_one_gpu_per_job():

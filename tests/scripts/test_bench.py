@@ -34,7 +34,8 @@ def test_bench_quick_ddp_reports_scaling_efficiency_and_strategy_overhead(tmp_pa
     out = tmp_path / "bench.json"
     main(["--quick", "--cases", "ddp", "--batch-size", "32", "--out", str(out)])
     (row,) = json.loads(out.read_text())["results"]
-    assert row["case"] == "ddp/simplenet" and row["threads_per_process"] == 1
+    assert row["case"] == "ddp/simplenet"
+    assert row["threads_per_process"] == 1
     one, two, one_half = "1 process, batch 32", "2 processes x batch 16", "1 process, batch 16"
     assert (row["reference"], row["candidate"]) == (one, two)
     assert set(row["medians"]) == {one, two, one_half}

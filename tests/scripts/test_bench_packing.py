@@ -27,7 +27,8 @@ def test_quick_packing_benchmark_reports_both_arms_of_every_model(tmp_path):
     packed, padded = rows[0], rows[1]
     packed_padding, padded_padding = (float(row["padding"][:-1]) / 100 for row in (packed, padded))
     assert packed_padding < padded_padding
-    assert padded["speedup (real tok/s)"] == "1.00x" and padded["target"] == ""
+    assert padded["speedup (real tok/s)"] == "1.00x"
+    assert padded["target"] == ""
     # The target is 0.9 x the padded arm's slots per real token (padding printed to 0.1%, the
     # target to 0.01), and the verdict is the one the speedup implies.
     match = re.fullmatch(r"≥ (\d+\.\d\d)x: (met|missed)", packed["target"])
@@ -50,7 +51,8 @@ def test_the_data_benchmark_reports_every_figure_of_a_tiny_corpus(tmp_path):
     output = tmp_path / "bench.md"
     argv = ["--sizes", "0.2", "--tokenizers", "byte", "--steps", "1", "--output", str(output)]
     (row,) = bench_data_main(argv)
-    assert row["size"] == "0.2 MB" and row["tokenizer"] == "byte"
+    assert row["size"] == "0.2 MB"
+    assert row["tokenizer"] == "byte"
     for column in ("prepare s", "MB/s", "anchor s", "loader tok/s", "train tok/s"):
         assert re.fullmatch(r"[\d,]+(\.\d+)?", row[column]), (column, row)
     for column in ("prepare RSS", "anchor RSS", "train RSS"):
@@ -65,7 +67,9 @@ def test_the_data_benchmark_reports_every_figure_of_a_tiny_corpus(tmp_path):
 @pytest.mark.slow  # a child process importing torch and datasets
 def test_the_data_benchmark_measures_streaming_from_parquet_shards(tmp_path):
     (row,) = bench_data_main(["--streaming", "--sizes", "0.2", "--output", str(tmp_path / "b")])
-    assert row["size"] == "0.2 MB" and row["shards"] == "8"
+    assert row["size"] == "0.2 MB"
+    assert row["shards"] == "8"
     assert re.fullmatch(r"\d+\.\d\d s", row["first batch"]), row
-    assert re.fullmatch(r"[\d,]+", row["loader tok/s"]) and row["loader tok/s"] != "0", row
+    assert re.fullmatch(r"[\d,]+", row["loader tok/s"]), row
+    assert row["loader tok/s"] != "0", row
     assert re.fullmatch(r"\d+ MB \(\+-?\d+\)( / \d+ MB)?", row["RSS"]), row

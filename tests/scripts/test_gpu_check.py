@@ -18,7 +18,8 @@ def gpu_check(tmp_path, **env):
 
 def test_an_unknown_device_is_refused(tmp_path):
     result = gpu_check(tmp_path, DEV="tpu")
-    assert result.returncode == 2 and "DEV must be cuda or cpu, not 'tpu'" in result.stderr
+    assert result.returncode == 2
+    assert "DEV must be cuda or cpu, not 'tpu'" in result.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="here the CUDA run is real")
@@ -45,7 +46,9 @@ def test_the_cpu_dry_run_runs_every_step_but_the_cuda_only_ones(tmp_path):
         "bench_finetune": "ok",
     }
     summary = (out / "summary.md").read_text()
-    assert "| model_parallel | ok |" in summary and "perf/tokens_per_s" in summary
+    assert "| model_parallel | ok |" in summary
+    assert "perf/tokens_per_s" in summary
     assert "| model | precision | params |" in summary  # bench_lm's table is included
-    assert "ours peak memory" in summary and "| LoRA r=16 |" in summary  # and the other two
+    assert "ours peak memory" in summary
+    assert "| LoRA r=16 |" in summary
     assert (out / "model_parallel" / "metrics.json").is_file()

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
+from types import FrameType
 
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -47,7 +48,7 @@ class Preemption(Callback):
         self.hand_over = _signals(hand_over)
         self.received: int | None = None
         self.saved = False
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, signal._HANDLER] = {}
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -55,7 +56,7 @@ class Preemption(Callback):
         for signum in sorted(self.signals):
             self._previous[signum] = signal.signal(signum, self._flag)
 
-    def _flag(self, signum: int, frame: object) -> None:
+    def _flag(self, signum: int, frame: FrameType | None) -> None:
         if signum in self.interrupts and self.received is not None:
             signal.default_int_handler(signum, frame)  # KeyboardInterrupt: stop now
         self.received = signum
@@ -85,8 +86,9 @@ class Preemption(Callback):
         # do not replace last.ckpt with one that calls the epoch complete: a resumed run would
         # skip the rest of it.
         for callback in trainer.checkpoint_callbacks:
-            callback._last_global_step_saved = trainer.global_step
-            callback._last_checkpoint_saved = str(self.path)
+            # ModelCheckpoint's own bookkeeping, which the Checkpoint base class does not declare.
+            callback._last_global_step_saved = trainer.global_step  # type: ignore[attr-defined]
+            callback._last_checkpoint_saved = str(self.path)  # type: ignore[attr-defined]
         if self.requeue and "SLURM_JOB_ID" in os.environ and trainer.is_global_zero:
             subprocess.run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False)
         previous = self._previous.get(self.received)

@@ -31,7 +31,8 @@ def capture_rng_states() -> dict[str, Any]:
     kind, keys, position, has_gauss, cached = np.random.get_state()
     states = {
         "python": [version, list(python_state), gauss],
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        # The global generator is the legacy MT19937 one, whose state is a tuple (never a dict).
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],  # type: ignore[attr-defined]
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -75,12 +76,12 @@ class RNGState(Callback):
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._pending is not None and self._pending.get("between_epochs"):
-            self._restore()
+            self._restore(self._pending)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._pending is not None:
-            self._restore()
+            self._restore(self._pending)
 
-    def _restore(self) -> None:
-        restore_rng_states(self._pending)
+    def _restore(self, states: dict[str, Any]) -> None:
+        restore_rng_states(states)
         self._pending = None

@@ -38,7 +38,9 @@ class ClassResult:
 
 
 class ClassReport(Callback):
-    """At the end of each test of a classifier (`HasTestConfusionMatrix`):
+    """Reports each test of a classifier (`HasTestConfusionMatrix`) class by class.
+
+    At the end of each test:
 
     - `<dirpath>/per_class_accuracy.csv`: class, samples, correct and accuracy of every class
       (the accuracy left empty for a class without test samples);
@@ -64,7 +66,7 @@ class ClassReport(Callback):
         confusion = metric.compute().cpu()  # on every rank: it gathers the other ranks' counts
         if confusion.sum() == 0:  # no test batch ran
             return
-        names = class_names(trainer.datamodule, len(confusion))
+        names = class_names(trainer.datamodule, len(confusion))  # type: ignore[attr-defined]  # set by Lightning, undeclared on Trainer
         results = class_results(confusion, names)
         self.accuracy = {result.name: result.accuracy for result in results}
         if not trainer.is_global_zero:

@@ -23,7 +23,7 @@ class ExactMatch(Callback):
         self._score("test", trainer, pl_module)
 
     def _score(self, split: str, trainer: Trainer, pl_module: LightningModule) -> None:
-        datamodule = trainer.datamodule
+        datamodule = trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning, undeclared on Trainer
         if trainer.sanity_checking or not isinstance(pl_module, AnswersPrompts):
             return
         if not isinstance(datamodule, ExactMatchData):

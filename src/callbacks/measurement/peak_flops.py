@@ -30,6 +30,7 @@ CACHE_FILE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / (
     "pytorch-template/peak_flops.json"
 )
 
+CPU = torch.device("cpu")
 TF32 = "tfloat32"  # fp32 matmuls on tensor cores: Lightning's key, torch has no such dtype
 
 
@@ -103,7 +104,8 @@ def device_peak(device: torch.device, dtype: torch.dtype) -> Peak | None:
                 warnings.simplefilter("ignore")
                 if (peak := get_available_flops(device, dtype)) is not None:
                     return Peak(peak, f"{name}, Lightning's table ({dtype})")
-    if rank_zero_only.rank == 0:  # every rank asks; one line says it
+    # Every rank asks; one line says it.
+    if rank_zero_only.rank == 0:  # type: ignore[attr-defined]  # set by Lightning on the function
         log.info("No peak FLOP/s known for %r in %s: perf/mfu is not logged", name, dtype)
     return None
 
@@ -138,17 +140,33 @@ def cpu_peak_flops(dtype: torch.dtype, cache_file: Path = CACHE_FILE) -> float:
     return cache[key]
 
 
-def measure_matmul_flops(dtype: torch.dtype, size: int = 1024, seconds: float = 0.3) -> float:
-    """Best FLOP/s over repeated square matmuls, after one warm-up."""
-    a = torch.randn(size, size, dtype=dtype)
-    b = torch.randn(size, size, dtype=dtype)
+def measure_matmul_flops(
+    dtype: torch.dtype,
+    size: int = 1024,
+    seconds: float = 0.3,
+    device: torch.device = CPU,
+) -> float:
+    """Measure the best FLOP/s of repeated square matmuls on `device`, after one warm-up."""
+    a = torch.randn(size, size, dtype=dtype, device=device)
+    b = torch.randn(size, size, dtype=dtype, device=device)
     torch.mm(a, b)
     best, deadline = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
+        synchronize(device)
         start = time.perf_counter()
         torch.mm(a, b)
+        synchronize(device)
         best = max(best, 2 * size**3 / (time.perf_counter() - start))
     return best
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for `device`'s queued work, so that a clock read after it covers that work.
+
+    CUDA runs kernels asynchronously: without the wait a clock times only their launch.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _read_cache(cache_file: Path) -> dict[str, float]:

@@ -27,7 +27,9 @@ DOTTED_UP_TO = 50  # points a series can have and still show each as a dot
 
 
 class Plots(Callback):
-    """Records the logged scalars while training and draws them when training ends (rank 0):
+    """Records the logged scalars while training and draws them when training ends (rank 0).
+
+    It draws:
 
     - `<dirpath>/curves.png`: every `train/*` and `val/*` scalar against the optimizer step, one
       panel per quantity (`train/loss_step`, `train/loss` and `val/loss` share the `loss` panel);
@@ -148,7 +150,7 @@ class Plots(Callback):
 def throughput_windows(trainer: Trainer) -> History:
     """The `perf/*_per_s` rates of the Throughput callback's logging windows, by key."""
     series: History = defaultdict(list)
-    for callback in trainer.callbacks:
+    for callback in trainer.callbacks:  # type: ignore[attr-defined]  # set by Lightning, undeclared on Trainer
         if not isinstance(callback, Throughput):
             continue
         for step, rates in callback.windows:

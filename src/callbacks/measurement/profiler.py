@@ -81,14 +81,14 @@ class Profiler(Callback):
             self.schedule["wait"] + self.schedule["warmup"] + self.schedule["active"]
         )
         if self._profiler.step_num >= last:
-            self._finish()
+            self._finish(self._profiler)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self._profiler is not None:
-            self._finish()
+            self._finish(self._profiler)
 
-    def _finish(self) -> None:
-        self._profiler.stop()
+    def _finish(self, profiler: profile) -> None:
+        profiler.stop()
         self._profiler = None
         if not self.traces:
             log.warning(
@@ -141,7 +141,8 @@ class Profiler(Callback):
         """Iterate the training loader alone; the RNG is restored so training is unchanged."""
         loader = trainer.train_dataloader
         with torch.random.fork_rng(), self._new_profiler() as prof:
-            for index, _ in enumerate(loader):
+            # Lightning has built the loader by on_train_start.
+            for index, _ in enumerate(loader):  # type: ignore[arg-type]
                 if index + 1 >= self.data_batches:
                     break
         prof.export_chrome_trace(str(self.dirpath / f"data_trace_rank{self._rank}.json"))

@@ -16,7 +16,9 @@ log = logging.getLogger(__name__)
 
 
 class TextDataReport(Callback):
-    """At the start of fitting, on rank 0:
+    """Reports the training data a text run fits on: its tokens, its packing, its lengths.
+
+    At the start of fitting, on rank 0, it:
 
     - logs the training split's token accounting (`data/tokens_input`, `_kept`, `_truncated`,
       `_dropped`, samples truncated, dropped, split) and the packing (`data/rows`,
@@ -33,7 +35,7 @@ class TextDataReport(Callback):
         self.dirpath = Path(dirpath)
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        datamodule = trainer.datamodule
+        datamodule = trainer.datamodule  # type: ignore[attr-defined]  # set by Lightning, undeclared on Trainer
         if not trainer.is_global_zero or not isinstance(datamodule, ReportsTokenAccounting):
             return
         accounting = datamodule.accounting["train"]

@@ -73,14 +73,16 @@ class Throughput(Callback):
     ):
         self.warmup_steps = warmup_steps
         self.step_times: deque[float] = deque(maxlen=window)
-        given = peak_flops is not None
-        self.peak = Peak(peak_flops, "callbacks.throughput.peak_flops") if given else None
+        self.peak = (
+            None if peak_flops is None else Peak(peak_flops, "callbacks.throughput.peak_flops")
+        )
         self.flops_per_sample: float | None = None  # counted once, for modules not CountsFlops
         self.steady = _Totals()
         self.window = _Totals()
         self.windows: list[tuple[int, dict[str, float]]] = []  # (step, rates) per logging step
         self.batches = 0
-        self._fit_start = self._batch_start = self._last_end = None
+        self._fit_start = self._batch_start = 0.0  # set by the hooks before any use
+        self._last_end: float | None = None  # None: no training batch ended since the last wait
         self._data_wait = 0.0
         self.time_to_first_step: float | None = None
         self.effective_batch: dict[str, int] = {}
@@ -114,11 +116,11 @@ class Throughput(Callback):
         should_log = is_logging_step(trainer)
         if should_log and pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)  # only here, so the window's clock is exact
-        self._last_end = time.perf_counter()
-        step_time = self._last_end - self._batch_start
+        self._last_end = end = time.perf_counter()
+        step_time = end - self._batch_start
         self.batches += 1
         if self.time_to_first_step is None:
-            self.time_to_first_step = self._last_end - self._fit_start
+            self.time_to_first_step = end - self._fit_start
         counts = batch_counts(batch)
         if isinstance(pl_module, CountsFlops):
             counts["flops"] = pl_module.flops_per_batch(batch)

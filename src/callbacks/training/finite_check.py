@@ -40,7 +40,8 @@ class FiniteCheck(Callback):
 
     @staticmethod
     def _stop(trainer: Trainer, what: str) -> None:
-        saved = [cb.last_model_path or cb.best_model_path for cb in trainer.checkpoint_callbacks]
+        callbacks = trainer.checkpoint_callbacks  # ModelCheckpoints, typed as their base class
+        saved = [cb.last_model_path or cb.best_model_path for cb in callbacks]  # type: ignore[attr-defined]
         last_good = next((path for path in saved if path), None)
         raise NonFiniteError(
             f"Training stopped at step {trainer.global_step} (epoch {trainer.current_epoch}): "

@@ -9,6 +9,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.optim import Optimizer
 
+from src.utils.contracts import HasAdapter
 from src.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,8 @@ class FreezeLayers(BaseFinetuning):
     whatever `train_only` names (e.g. `model.norm`, `lm_head`; with tied embeddings the head
     is `model.embed_tokens`). Frozen parameters never
     reach the optimizer; at `unfreeze_at_epoch` they join it with `unfreeze_lr_factor` x the
-    base learning rate. It refuses a model with LoRA adapters (`adapter=lora`), which freezes
-    its base itself.
+    base learning rate. It refuses a model whose adapter freezes its base itself (LoRA,
+    `adapter=lora`).
     """
 
     def __init__(
@@ -53,7 +54,7 @@ class FreezeLayers(BaseFinetuning):
         self.frozen: list[nn.Module] = []
 
     def freeze_before_training(self, pl_module: LightningModule) -> None:
-        if getattr(pl_module, "adapter", None) is not None:
+        if isinstance(pl_module, HasAdapter) and pl_module.adapter.freezes_base:
             raise ConfigError(
                 "callbacks=freeze and adapter=lora do not combine: LoRA already freezes the "
                 "whole base and trains only its adapters. Choose one; to adapt fewer modules, "

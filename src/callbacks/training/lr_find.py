@@ -4,6 +4,7 @@ from pathlib import Path
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import LearningRateFinder
+from lightning.pytorch.tuner.lr_finder import _LRFinder
 from lightning.pytorch.utilities import rank_zero_info
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
@@ -39,20 +40,21 @@ class LRFinder(LearningRateFinder):
         super().lr_find(trainer, pl_module)
         if self.optimal_lr is None:  # skipped under fast_dev_run
             return
-        suggestion = self.optimal_lr.suggestion()
+        finder = self.optimal_lr
+        suggestion = finder.suggestion()
         if suggestion is not None and self.update_lr:
             set_learning_rate(trainer, suggestion)
         if trainer.is_global_zero:
             path = self.dirpath / "lr_find.png"
-            self.plot(path, suggestion)
+            self.plot(finder, path, suggestion)
             applied = " (applied)" if self.update_lr and suggestion is not None else ""
             rank_zero_info(f"Learning-rate finder: suggested lr {suggestion}{applied}; plot {path}")
 
-    def plot(self, path: Path, suggestion: float | None) -> None:
+    def plot(self, finder: _LRFinder, path: Path, suggestion: float | None) -> None:
         figure = Figure(figsize=(6, 4), layout="constrained")
         FigureCanvasAgg(figure)  # render with Agg, without pyplot's global state
         axes = figure.add_subplot()
-        self.optimal_lr.plot(suggest=True, ax=axes)
+        finder.plot(suggest=True, ax=axes)
         suggested = "no suggestion" if suggestion is None else f"suggested lr {suggestion:.3g}"
         axes.set_title(f"Learning-rate range test: {suggested}")
         save_figure(figure, path)

@@ -224,7 +224,7 @@ def read_records(files: list[Path], kind: str, work_dir: Path) -> datasets.Datas
         return datasets.load_dataset(
             kind, data_files=[str(p) for p in files], split="train", cache_dir=str(work_dir)
         )
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - datasets fails with anything: the checks name it
         check = _check_json_lines if kind == "json" else _check_parquet
         for path in files:
             check(path)

@@ -95,7 +95,9 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run_checks(model: nn.Module, documents: list[Sample], row_length: int) -> dict[str, float]:
-    """Largest differences between the packed and the reference computations:
+    """Largest differences between the packed and the reference computations, by check.
+
+    The checks:
 
     - `logits_vs_alone`: packed logits vs each document run alone (max abs);
     - `logits_vs_padded`: packed vs padded batch, padding removed (max abs);

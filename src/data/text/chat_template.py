@@ -1,4 +1,4 @@
-"""Conversations rendered with a tokenizer folder's own chat template (`data.template=tokenizer`).
+r"""Conversations rendered with a tokenizer folder's own chat template (`data.template=tokenizer`).
 
 The template is the folder's `chat_template.jinja`, else `tokenizer_config.json`'s
 `chat_template`, rendered by transformers' `apply_chat_template`. Templates such as Qwen3's mark
@@ -11,7 +11,7 @@ conversation's rendering, cut into (text, supervised) pieces at those places:
   (the last special token the template writes after the content, `<|im_end|>` in ChatML);
   what follows that token (ChatML's newline) belongs to the next prompt, since generation
   stops at the token. An empty assistant turn supervises just its end-of-turn token, plus
-  whatever the template writes for it (Qwen3's empty `<think>\\n\\n</think>\\n\\n`).
+  whatever the template writes for it (Qwen3's empty `<think>\n\n</think>\n\n`).
 - A template may write an earlier assistant turn shorter once later turns follow, by dropping
   its beginning: Qwen3 drops the `<think>` block (given in the content or as
   `reasoning_content`) of every assistant turn before the last user message, and writes one
@@ -86,8 +86,8 @@ class ChatTemplate:
 
     @property
     def tokenizer(self):
-        """transformers' tokenizer of the folder: it supplies `apply_chat_template` and the special
-        tokens the template may name (`bos_token`, `eos_token`)."""
+        """The transformers tokenizer of the folder: it supplies `apply_chat_template` and the
+        special tokens the template may name (`bos_token`, `eos_token`)."""
         if self._tokenizer is None:
             from transformers import PreTrainedTokenizerFast  # slow to import: when first used
 

@@ -1,6 +1,8 @@
 """What the text datamodules share: read the corpus through `datasets`, tokenise it once into a
-memory-mapped token store, split it by document, fit the over-long samples, pack or pad, and
-serve resumable batches whose metadata `collate_rows` derives.
+memory-mapped token store, fit the over-long samples of each split, pack or pad, and serve
+resumable batches whose metadata `collate_rows` derives. Which files the store holds, how its
+documents split and where the training rows come from is the datamodule's `source`
+(`src.data.text.token_source`).
 
 Subclasses say where the documents come from and how they become tokens: `source_files()`,
 `source_options()` (what else decides the tokens: how files are cut, the chat template),
@@ -37,13 +39,14 @@ from src.data.packing.collate import collate_rows
 from src.data.packing.packing import (
     Rows,
     TokenAccounting,
-    compact,
     describe_text,
     fit_to_length,
     pack,
 )
 from src.data.sampler import SplitLoaders, resumable_loader
 from src.data.splits import check_fractions, check_loader_options
+from src.data.text.stored_source import StoredSource
+from src.data.text.token_source import TokenSource
 from src.utils.contracts import TOKENS
 from src.utils.errors import CheckpointError, ConfigError, DataError
 
@@ -66,7 +69,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
 
     Documents are split into train/val/test at random by `split_seed`, so the split does not
     change with the training seed; rows are shuffled each epoch by `shuffle_seed` + epoch, and
-    sharded evenly across DDP ranks.
+    sharded evenly across DDP ranks (`StoredSource`; a subclass may serve another `source`).
 
     The token store lives in `cache_dir` (a temporary folder when null). `prepare_data` builds
     it once per node (`prepare_per_node=true`, for a `cache_dir` on each node's own disk), or
@@ -126,8 +129,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         self._scratch: TemporaryDirectory | None = None  # the store's folder without cache_dir
         self.tokenizer = None
         self.token_store: TokenStore | None = None
-        self.datasets: dict[str, PackedRows] = {}
-        self.accounting: dict[str, TokenAccounting] = {}
+        self.source: TokenSource = StoredSource(self)
 
     # -- what subclasses provide -------------------------------------------------------------
 
@@ -176,7 +178,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         `self.tokenizer` (trained or loaded) unless a checkpoint's state set it."""
         if self.token_store is not None:
             return self.token_store
-        files = self.source_files()
+        files = self.source.store_files()
         source = f"{type(self).__name__}|{content_fingerprint(files)}|{self.source_options()}"
         folder = self._store_folder()
         with TemporaryDirectory(dir=folder, prefix=f".work-{builder_name()}.") as work:
@@ -207,7 +209,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         return Path(self._scratch.name)
 
     def _training_split_texts(self, corpus: datasets.Dataset) -> Iterator[str]:
-        return self.training_texts(corpus, self.split_documents(len(corpus))["train"])
+        return self.training_texts(corpus, self.source.split_documents(len(corpus))["train"])
 
     def _write_store(self, corpus: datasets.Dataset, staging: Path, key: str) -> None:
         """Tokenise with `Dataset.map` and copy its Arrow columns into the store.
@@ -249,13 +251,33 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
 
     # -- setup -------------------------------------------------------------------------------
 
+    @property
+    def datasets(self) -> dict[str, PackedRows]:
+        """The rows of each split the token store serves, once set up."""
+        return self.source.datasets
+
+    @property
+    def accounting(self) -> dict[str, TokenAccounting]:
+        """What the over-long policy did to each split's tokens, the training rows' included."""
+        return self.source.accounting
+
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        store = self.store()
+        if not self.datasets:
+            self._set_up_source()
+
+    def _set_up_source(self) -> None:
+        self.source.setup(self.store())
+        self._log_summary()
+
+    def store_splits(
+        self, store: TokenStore, splits: dict[str, np.ndarray]
+    ) -> tuple[dict[str, PackedRows], dict[str, TokenAccounting]]:
+        """The rows of each split's documents of `store`, fitted to `max_seq_len` by `overlong`
+        and packed (or one a row), with what fitting did to their tokens."""
         lengths = store.lengths()
-        for split, documents in self.split_documents(store.num_documents).items():
-            pieces, self.accounting[split] = fit_to_length(
+        rows, accounting = {}, {}
+        for split, documents in splits.items():
+            pieces, accounting[split] = fit_to_length(
                 lengths[documents],
                 self.max_seq_len,
                 self.overlong,
@@ -267,25 +289,8 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
                     f"overlong={self.overlong!r}); add documents or raise data.val_fraction"
                 )
             pieces = replace(pieces, sample=documents[pieces.sample])
-            self.datasets[split] = PackedRows(store, pieces, self.rows_of(pieces.length))
-        self._log_summary()
-
-    def split_documents(self, count: int) -> dict[str, np.ndarray]:
-        """Document indices of each split: a permutation by `split_seed`, cut by the fractions."""
-        order = torch.randperm(count, generator=torch.Generator().manual_seed(self.split_seed))
-        val = max(1, round(count * self.fractions["val"]))
-        test = round(count * self.fractions["test"])
-        if count - val - test < 1:
-            raise DataError(
-                f"{count} documents are too few for a train/val/test split with fractions "
-                f"{self.fractions}; add text or change data.document_split"
-            )
-        order = compact(order.numpy())
-        return {
-            "train": np.sort(order[val + test :]),
-            "val": np.sort(order[:val]),
-            "test": np.sort(order[val : val + test]),
-        }
+            rows[split] = PackedRows(store, pieces, self.rows_of(pieces.length))
+        return rows, accounting
 
     def rows_of(self, lengths: np.ndarray) -> Rows:
         if not self.packing:
@@ -293,9 +298,8 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         return pack(lengths, self.max_seq_len, self.packing_strategy)
 
     def packing_metrics(self) -> dict[str, float]:
-        """Rows, padding fraction and documents per row of the training split as batched."""
-        dataset = self.datasets["train"]
-        return self.row_metrics(dataset.row_lengths(), len(dataset.pieces))
+        """Rows, padding fraction and documents per row of the training rows."""
+        return self.source.packing_metrics()
 
     def row_metrics(self, lengths: np.ndarray, samples: int) -> dict[str, float]:
         """The packing metrics of rows holding `lengths` real tokens and `samples` samples in
@@ -346,8 +350,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         self.token_store = None
         if self.datasets:
             log.warning("The checkpoint's tokenizer differs from this run's: tokenising again")
-            self.datasets = {}
-            self.setup()
+            self._set_up_source()
 
     def _tokenizer_of_older_checkpoint(self):
         """The tokenizer of a checkpoint from before tokenizers were kept in checkpoints, when
@@ -364,9 +367,14 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     # -- loaders -----------------------------------------------------------------------------
 
     def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
-        dataset = self.datasets[split]
+        return self.source.loader(split, batch_size, shuffle)
+
+    def split_loader(self, rows: PackedRows, batch_size: int, shuffle: bool) -> StatefulDataLoader:
+        """The resumable loader of a split's stored rows (shuffled for training), of whole
+        batches of similar lengths with `bucket_by_length`."""
+        dataset: PackedRows | BucketedBatches = rows
         if self.bucket_by_length:  # items are whole batches
-            dataset = BucketedBatches(dataset, batch_size, self.split_seed, drop_last=shuffle)
+            dataset = BucketedBatches(rows, batch_size, self.split_seed, drop_last=shuffle)
             batch_size = None
         return resumable_loader(self, dataset, batch_size, shuffle, collate_fn=self.collate())
 

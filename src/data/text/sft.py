@@ -188,7 +188,7 @@ class SFTDataModule(PackedTextDataModule):
         the end-of-turn token, and what the template writes after it)."""
         store = self.store()
         examples = []
-        for document in self.split_documents(store.num_documents)[split]:
+        for document in self.source.split_documents(store.num_documents)[split]:
             begin, end = store.offsets[document], store.offsets[document + 1]
             tokens, targets = store.tokens[begin:end], store.targets[begin:end] != 0
             answer_start = np.flatnonzero(targets & ~np.concatenate(([False], targets[:-1])))[-1]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from torchmetrics import MaxMetric, SumMetric
 
-from src.models.language.adapters import attach_lora, complete_state_dict, strip_base
+from src.models.language.adapters import build_adapter
 from src.models.language.exact_match import count_exact_matches
 from src.models.language.parallel import shard_decoder_layers
 from src.models.language.qwen import QwenConfig, QwenLM
@@ -25,36 +25,23 @@ KERNEL_CHOICES = {"auto": None, "pytorch": PYTORCH}
 
 
 class LanguageModel(OptimizedModule):
-    """Cross-entropy on pre-shifted labels, with the optimizer and schedule of the config groups.
+    """Train a QwenLM on next-token prediction with the configured optimizer and schedule.
 
     Batches are dicts: `input_ids` and `labels` [B, T] (labels[t] is the target of position t,
     IGNORE_INDEX where nothing is supervised), optionally `position_ids` [B, T] and
-    `cu_seqlens` (int32 document offsets of packed rows).
+    `cu_seqlens` (int32 document offsets of packed rows). `train/loss` is the mean over every
+    supervised token of the optimizer step, however the tokens fall into micro-batches.
 
-    The training loss is the mean over every supervised token of the optimizer step, however the
-    tokens fall into micro-batches (gradient accumulation, packing, devices): each micro-batch
-    backpropagates its summed token losses over a normaliser fixed for the step (the rows B of
-    its first micro-batch, the same on every device), and just before the optimizer step,
-    before gradient clipping, the accumulated gradient is rescaled by normaliser x
-    micro-batches x devices / supervised tokens of the whole step. `train/loss` logs that step
-    mean. The network computes the loss itself, `loss_chunk_size` rows of logits at a time
-    (`src/models/language/qwen/loss.py`); `activation_checkpointing` recomputes each decoder layer
-    in backward.
-
-    `optimizer` and `scheduler` are those of `ImageClassifier` (`src/models/optimization.py`);
-    the Qwen model configs choose AdamW (`optimizer=adamw_lm`) and a linear warmup then cosine
-    decay per step (`scheduler=warmup_cosine`). Weight decay applies to matrices only, not to
-    norms, biases or the DeltaNet gates. Without an optimizer the module still evaluates and
-    generates. `config` is a QwenConfig as a plain dict, the only hyperparameter (with the
-    adapter's plain values in a LoRA run), so checkpoints load with
-    `torch.load(weights_only=True)`. `pretrained`, a transformers-format
-    folder (e.g. a released Qwen3 checkpoint) whose config.json matches `config`, gives the
-    starting weights; checkpoints do not need it afterwards.
-
-    `adapter` (the `adapter` config group, `adapter=lora`; see `src/models/language/adapters.py`)
-    freezes that base and trains LoRA adapters injected with peft: checkpoints then hold the
-    adapters and the base's path and fingerprint instead of the base, which `pretrained` (or,
-    when None, the recorded path) supplies again on loading.
+    - `config`: a QwenConfig as a plain dict; `pretrained`: a transformers-format folder (e.g. a
+      released Qwen3 checkpoint) whose config.json matches it, for the starting weights.
+    - `optimizer`, `scheduler`: as for `ImageClassifier` (src/models/optimization.py); the Qwen
+      configs choose `optimizer=adamw_lm` and `scheduler=warmup_cosine`. Without an optimizer
+      the module still evaluates and generates.
+    - `loss_chunk_size`: rows of logits computed at a time (src/models/language/qwen/loss.py);
+      `activation_checkpointing` recomputes each decoder layer in backward.
+    - `adapter` (`adapter=lora`, src/models/language/adapters.py): freezes the base and trains
+      LoRA adapters; checkpoints then hold the adapters and name the base, which `pretrained`
+      (else the recorded path) supplies again on loading.
     """
 
     batch_kind = TOKENS
@@ -82,6 +69,8 @@ class LanguageModel(OptimizedModule):
                 f"a time (e.g. 512), or null for all of them at once"
             )
         qwen_config = QwenConfig.from_dict(dict(config))
+        # Only plain values as hyperparameters (the adapter adds its own below), so that
+        # checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({"config": qwen_config.to_dict()}, logger=False)
         self.net = QwenLM(
             qwen_config, KERNEL_CHOICES[kernels], loss_chunk_size, activation_checkpointing
@@ -89,13 +78,13 @@ class LanguageModel(OptimizedModule):
         if pretrained:
             self.net.load_hf_weights(pretrained)
         # adapter=lora: the base frozen in its dtype, LoRA adapters the only trained weights.
-        self.adapter = attach_lora(self.net, adapter, pretrained) if adapter else None
-        if self.adapter is not None:
-            self.hparams["adapter"] = self.adapter.spec.to_dict()  # load_from_checkpoint
-            # Checkpoints leave the base out; on_load_checkpoint puts it back and checks that
-            # every other key is there (FSDP2's strategy loads the state before that hook).
-            self.strict_loading = False
-        # By name, while shapes are still whole: wrappers such as FSDP flatten them later.
+        self.adapter = build_adapter(self.net, adapter, pretrained)
+        self.hparams.update(self.adapter.hyperparameters())  # load_from_checkpoint
+        # A frozen base is left out of checkpoints; on_load_checkpoint puts it back and checks
+        # that every other key is there (FSDP2's strategy loads the state before that hook).
+        self.strict_loading = not self.adapter.freezes_base
+        # Weight decay on matrices only, not on norms, biases or the DeltaNet gates. By name,
+        # while shapes are still whole: wrappers such as FSDP flatten them later.
         self.no_weight_decay = frozenset(n for n, p in self.named_parameters() if p.ndim < 2)
         self.eval_sums = nn.ModuleDict(
             {stage: nn.ModuleDict({n: SumMetric() for n in EVAL_SUMS}) for stage in ("val", "test")}
@@ -108,21 +97,19 @@ class LanguageModel(OptimizedModule):
         return self.net(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens)
 
     def setup(self, stage: str) -> None:
-        if stage == "fit" and self.adapter is not None and self.adapter.base is None:
-            strip_base({"state_dict": {}}, self.adapter)  # the error that says why
+        if stage == "fit":
+            self.adapter.check_can_train()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """An adapter run's checkpoint holds its adapters and names its base (path and
         fingerprint, `adapter_base`) instead of holding the frozen base weights again."""
-        if self.adapter is not None:
-            strip_base(checkpoint, self.adapter)
+        self.adapter.strip_checkpoint(checkpoint)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Put an adapter checkpoint's base back into its state dict, once the base is checked
         to be the one it was trained on (loaded from the recorded path if this model has
         none), so that the state dict loads whole."""
-        if self.adapter is not None:
-            complete_state_dict(checkpoint, self, self.adapter, self.net)
+        self.adapter.complete_checkpoint(checkpoint, self)
 
     def configure_model(self) -> None:
         """Shard the decoder layers under FSDP2 (`trainer=model_parallel`); a no-op otherwise."""
@@ -166,6 +153,8 @@ class LanguageModel(OptimizedModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss_sum, tokens, _ = self._token_loss(batch)
+        # Summed token losses over a normaliser fixed for the step: on_before_optimizer_step
+        # turns the accumulated gradient into that of the mean over the step's tokens.
         if self._step_normaliser is None:
             # Rows, not B*T: every rank's micro-batches hold the same number of rows, while
             # padded rows may differ in length between ranks.
@@ -176,6 +165,7 @@ class LanguageModel(OptimizedModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Turn the accumulated gradient into that of the mean loss over the step's tokens."""
+        # Lightning calls this before gradient clipping, so clipping sees the mean's gradient.
         # Both sums in one all-reduce, straight to the process group: Lightning's
         # strategy.reduce adds a barrier, a second collective per step.
         dtype = torch.promote_types(self._step_loss_sum.dtype, torch.float32)

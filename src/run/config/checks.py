@@ -1,5 +1,4 @@
-"""Catch missing and wrongly typed config values before anything is built, with a message that
-says the fix.
+"""Catch missing and wrongly typed config values before anything is built, naming the fix.
 
 Hydra reports unknown group options well ("Could not find 'model/foo'... Available options"),
 but a value of the wrong type (`trainer.max_epochs=ten`) would otherwise surface as a traceback
@@ -24,8 +23,10 @@ from src.utils.errors import ConfigError
 
 
 def check_config_types(cfg: DictConfig, path: str = "") -> None:
-    """Raise ConfigError for required values left unset, or else for the first value whose type
-    contradicts its target's signature."""
+    """Raise ConfigError for unset required values, else for the first value of a wrong type.
+
+    A value's type is wrong when it contradicts the signature of the target it is passed to.
+    """
     if not path:
         check_model_fits_data(cfg)
         check_required_values(cfg)
@@ -53,8 +54,11 @@ def check_required_values(cfg: DictConfig) -> None:
 
 
 def _missing_keys(value: Any, path: str = "") -> list[str]:
-    """The dotted keys of `???` in a config made plain without resolving it (an interpolation
-    of a missing value, such as model.num_classes=${data.num_classes}, is not reported twice)."""
+    """List the dotted keys of `???` in a config made plain without resolving it.
+
+    Left unresolved, an interpolation of a missing value (such as
+    model.num_classes=${data.num_classes}) is not reported twice.
+    """
     if value == "???":
         return [path]
     if not isinstance(value, dict | list):
@@ -68,10 +72,13 @@ def _missing_keys(value: Any, path: str = "") -> list[str]:
 
 
 def check_model_fits_data(cfg: DictConfig) -> None:
-    """Refuse a model and a datamodule whose kinds of batch differ (`model=qwen3_tiny` on
-    images, `model=cnn` on text), naming the options that fit, before a missing interpolation
-    (the classifier's `${data.num_classes}`) or the first batch fails instead. The kinds are
-    the classes' `batch_kind` (src/utils/contracts.py), read without building anything."""
+    """Refuse a model and a datamodule whose kinds of batch differ, naming the options that fit.
+
+    For example `model=qwen3_tiny` on images or `model=cnn` on text. It runs first: otherwise a
+    missing interpolation (the classifier's `${data.num_classes}`) or the first batch fails
+    less clearly. The kinds are the classes' `batch_kind` (src/utils/contracts.py), read without
+    building anything.
+    """
     model_kind, data_kind = (_batch_kind(cfg.get(group)) for group in ("model", "data"))
     if None in (model_kind, data_kind) or model_kind == data_kind:
         return
@@ -111,10 +118,12 @@ def _options_of_kind(conf: Path | None, group: str, kind: str) -> str:
 
 
 def check_optimizer_values(cfg: DictConfig) -> None:
-    """Build the configured optimizer on one dummy parameter, so that a value it refuses
-    (`optimizer.lr=-1`, betas outside [0, 1)) is named now, not as a traceback from inside
-    Lightning's first step. Other failures (an unknown key, added or removed elsewhere) are
-    left to the run."""
+    """Name an optimizer value that the optimizer refuses, before training starts.
+
+    It builds the optimizer on one dummy parameter, so that `optimizer.lr=-1` or betas outside
+    [0, 1) do not surface as a traceback from inside Lightning's first step. Other failures (an
+    unknown key, added or removed elsewhere) are left to the run.
+    """
     optimizer = cfg.get("optimizer")
     if not isinstance(optimizer, DictConfig) or "_target_" not in optimizer:
         return
@@ -150,8 +159,10 @@ def check_positive_counts(cfg: DictConfig) -> None:
 
 
 def check_adapter_model(cfg: DictConfig) -> None:
-    """Refuse adapters (`adapter=lora`) on a model whose class takes none, before Hydra's
-    "unexpected keyword argument" does."""
+    """Refuse adapters (`adapter=lora`) on a model whose class takes none.
+
+    Hydra would otherwise fail with an unclear "unexpected keyword argument".
+    """
     model = cfg.get("model")
     if not cfg.get("adapter") or not isinstance(model, DictConfig) or "_target_" not in model:
         return
@@ -165,9 +176,12 @@ def check_adapter_model(cfg: DictConfig) -> None:
 
 
 def check_accelerator(cfg: DictConfig) -> None:
-    """Refuse a GPU trainer on a machine without one, pointing at the CPU trainer (Lightning's
-    own error names neither the key nor the fix). A check of the machine, not of the config:
-    the entry points run it, not `check_config_types`, which also checks GPU configs on CPUs."""
+    """Refuse a GPU trainer on a machine without one, pointing at the CPU trainer.
+
+    Lightning's own error names neither the key nor the fix. This checks the machine, not the
+    config, so the entry points run it, not `check_config_types` (which also checks GPU configs
+    on CPUs).
+    """
     trainer = cfg.get("trainer") or {}
     accelerator = str(trainer.get("accelerator", "auto")).lower()
     has_gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
@@ -206,11 +220,11 @@ def _check_target_node(node: DictConfig, path: str) -> None:
 
 
 def _parameter_hints(target: Any) -> dict[str, Any]:
-    """Annotations of the target's parameters; for a class, of every `__init__` in its MRO, since
-    subclasses commonly pass `**kwargs` on to their parents."""
+    """Collect the annotations of the target's parameters."""
     if not inspect.isclass(target):
         return typing.get_type_hints(target)
     hints: dict[str, Any] = {}
+    # Every `__init__` of the MRO: subclasses commonly pass `**kwargs` on to their parents.
     for klass in reversed(target.__mro__):
         if klass is not object and "__init__" in vars(klass):
             hints.update(typing.get_type_hints(klass.__init__))

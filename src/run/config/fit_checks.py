@@ -7,12 +7,11 @@ from src.utils.errors import ConfigError
 
 
 class ModelFitsData(Callback):
-    """Stops with one clear line, before the first batch, when the datamodule produces token
-    ids the model has no embedding for. Runs in `setup`, which Lightning calls after the
-    datamodule's own `setup` (its tokenizer is known by then)."""
+    """Stop before the first batch when the data has token ids the model has no embedding for."""
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        check_vocabulary(trainer.datamodule, pl_module)
+        # Lightning calls this after the datamodule's own `setup`: its tokenizer is known now.
+        check_vocabulary(trainer.datamodule, pl_module)  # type: ignore[attr-defined]  # set by Lightning, undeclared on Trainer
 
 
 def check_vocabulary(datamodule: object, model: object) -> None:

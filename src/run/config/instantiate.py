@@ -7,7 +7,7 @@ from hydra.errors import InstantiationException
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from omegaconf import DictConfig
 
-from src.utils.errors import ConfigError, UserFacingError
+from src.utils.errors import ConfigError, UserFacingError, first_cause
 
 # Optional extras of pyproject.toml, by the class that needs them.
 EXTRAS = {"MLFlowLogger": "loggers", "WandbLogger": "loggers"}
@@ -27,16 +27,16 @@ def instantiate_group(group: DictConfig | None) -> list:
 
 
 def instantiate_config(node: DictConfig, **kwargs):
-    """`hydra.utils.instantiate(node, **kwargs)`, except that a class refusing its arguments, or a
-    package that is not installed, is a ConfigError naming the config key and the fix."""
+    """Call `hydra.utils.instantiate(node, **kwargs)`, raising a ConfigError for a bad config.
+
+    A class refusing its arguments, or a package that is not installed, becomes a ConfigError
+    naming the config key and the fix.
+    """
     try:
         return hydra.utils.instantiate(node, **kwargs)
     except InstantiationException as error:
         cause, (target, key) = error.__cause__, failed_node(error, node)
-        missing = cause
-        while missing is not None and not isinstance(missing, ModuleNotFoundError):
-            missing = missing.__cause__ or missing.__context__
-        if missing is not None:
+        if (missing := first_cause(error, ModuleNotFoundError)) is not None:
             extra = EXTRAS.get(target)
             how = f'pip install -e ".[{extra}]"' if extra else "install it"
             raise ConfigError(
@@ -52,9 +52,12 @@ def instantiate_config(node: DictConfig, **kwargs):
 
 
 def failed_node(error: InstantiationException, node: DictConfig) -> tuple[str, str]:
-    """The class and the config key that Hydra names in an instantiation error ("Error in call
-    to target 'src.models.vision.cnn.CNN': ...", then "full_key: model.net"), which may be a node
-    nested in `node`; `node`'s own class where Hydra names none."""
+    """Read the class and the config key that Hydra names in an instantiation error.
+
+    Hydra writes "Error in call to target 'src.models.vision.cnn.CNN': ...", then
+    "full_key: model.net", which may be a node nested in `node`. Where it names no class, the
+    class is `node`'s own.
+    """
     message = str(error)
     target = re.search(r"target '([\w.]+)'", message)
     key = re.search(r"^full_key: (\S+)$", message, re.MULTILINE)

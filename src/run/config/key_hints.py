@@ -18,8 +18,10 @@ REFUSED_KEY = re.compile(r"Could not override '([^']+)'")
 
 
 def typo_hint(conf_dir: Path, config_name: str, args: Sequence[str]) -> str | None:
-    """ "Did you mean ...?" for the override of `args` that Hydra could not apply because its
-    key does not exist, or None when that is not why composing failed."""
+    """Suggest "Did you mean ...?" for an override of `args` whose key does not exist.
+
+    None when a missing key is not why composing failed.
+    """
     overrides = [arg for arg in args if "=" in arg and not arg.startswith("-")]
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):

@@ -1,5 +1,7 @@
-"""A trained language model as a transformers folder, which `from_pretrained` loads as it is
-(lm-eval's `hf` wrapper does): config.json, model.safetensors and the run's own tokenizer.
+"""Export a trained language model as a transformers folder that `from_pretrained` loads.
+
+The folder (config.json, model.safetensors and the run's own tokenizer) loads as it is, as
+lm-eval's `hf` wrapper loads it.
 
 Checkpoints carry their tokenizer, and it is written here as the `tokenizer.json` that
 `AutoTokenizer` reads, the byte tokenizer included (as a byte-level BPE without merges, which
@@ -15,7 +17,6 @@ from lightning.pytorch import LightningModule
 from tokenizers import decoders, models, pre_tokenizers
 
 from src.data.corpus.tokenizers import END_OF_TEXT, ByteTokenizer, FileTokenizer
-from src.models.language.adapters import merged_network, save_peft_folder
 from src.models.language.language_model import LanguageModel
 from src.utils.contracts import Tokenizer
 from src.utils.errors import CheckpointError
@@ -28,29 +29,32 @@ def export_for_transformers(model: LightningModule, tokenizer: Tokenizer, folder
             f"The checkpoint holds a {type(model).__name__}, not a language model, so it has no "
             f"transformers form: use a run of a Qwen model config (e.g. model=qwen3_tiny)."
         )
-    net = merged_network(model.net) if model.adapter is not None else model.net
-    net.save_pretrained(folder)
+    model.adapter.merged_network().save_pretrained(folder)
     if isinstance(tokenizer, ByteTokenizer):
         tokenizer = FileTokenizer(byte_level_bpe(), END_OF_TEXT)
     tokenizer.save(folder)
 
 
 def export_peft(model: LightningModule, folder: Path) -> None:
-    """Write the adapters of a LoRA run as adapter_config.json + adapter_model.safetensors,
-    which `peft.PeftModel.from_pretrained` loads onto transformers' model of the base folder
-    (and `adapter.path=<folder>` trains on from)."""
-    if not isinstance(model, LanguageModel) or model.adapter is None:
+    """Write a LoRA run's adapters as adapter_config.json and adapter_model.safetensors.
+
+    `peft.PeftModel.from_pretrained` loads them onto transformers' model of the base folder, and
+    `adapter.path=<folder>` trains on from them.
+    """
+    if not isinstance(model, LanguageModel):
         raise CheckpointError(
             f"format=peft writes LoRA adapters, and this checkpoint ({type(model).__name__}) "
             f"has none: it is a run without adapter=lora. Export it with format=merged (a "
             f"transformers folder) or format=safetensors."
         )
-    save_peft_folder(model.net, model.adapter, folder)
+    model.adapter.save_peft(folder)  # refused, naming the other formats, without LoRA
 
 
 def byte_level_bpe() -> tokenizers.Tokenizer:
-    """A `tokenizers.Tokenizer` that encodes text as ByteTokenizer does: each UTF-8 byte is the
-    token of its own value, and END_OF_TEXT is 256."""
+    """Build a `tokenizers.Tokenizer` that encodes text as ByteTokenizer does.
+
+    Each UTF-8 byte is the token of its own value, and END_OF_TEXT is 256.
+    """
     alphabet = byte_level_alphabet()
     tokenizer = tokenizers.Tokenizer(
         models.BPE(vocab={alphabet[b]: b for b in range(256)}, merges=[])
@@ -62,8 +66,11 @@ def byte_level_bpe() -> tokenizers.Tokenizer:
 
 
 def byte_level_alphabet() -> dict[int, str]:
-    """The character that byte-level BPE (GPT-2's, as `pre_tokenizers.ByteLevel` applies it)
-    stands each byte for: printable bytes for themselves, the others for 256 onwards."""
+    """Map each byte to the character that byte-level BPE stands it for.
+
+    As GPT-2's `pre_tokenizers.ByteLevel` does: printable bytes stand for themselves, the others
+    for the characters from 256 on.
+    """
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1)]
     printable += range(ord("®"), ord("ÿ") + 1)
     others = [b for b in range(256) if b not in printable]

@@ -69,8 +69,10 @@ class LmEvalSettings:
 
 
 def check_lm_eval_request(cfg: DictConfig) -> None:
-    """With `+lm_eval.tasks=[...]`, fail before training rather than after it on a key that is
-    not a setting, a missing lm-eval or a task it does not have."""
+    """Check a `+lm_eval.tasks=[...]` request before training rather than after it.
+
+    It fails on a key that is not a setting, a missing lm-eval, or a task lm-eval does not have.
+    """
     if "lm_eval" in cfg:
         settings = LmEvalSettings.for_training(cfg.lm_eval)
         import_lm_eval()
@@ -78,9 +80,11 @@ def check_lm_eval_request(cfg: DictConfig) -> None:
 
 
 def evaluate_after_training(cfg: DictConfig, trainer: Trainer, record: dict) -> dict:
-    """With `+lm_eval.tasks=[...]`, score the run's best checkpoint (else its last) once it is
-    tested; return metrics.json's content, the scores included. Nothing happens on ranks other
-    than 0 (their record is empty) or in a preempted run, which has not finished."""
+    """Score the tested run's best checkpoint (else its last) on `+lm_eval.tasks=[...]`.
+
+    Returns metrics.json's content, the scores included. Nothing happens on ranks other than 0
+    (their record is empty) or in a preempted run, which has not finished.
+    """
     if "lm_eval" not in cfg or not record or record.get("preempted"):
         return record
     ckpt_path = record.get("best_model_path") or last_checkpoint(trainer)
@@ -105,8 +109,11 @@ def evaluate_after_training(cfg: DictConfig, trainer: Trainer, record: dict) -> 
 def evaluate_checkpoint(
     ckpt_path: str | Path, run_dir: str | Path, settings: LmEvalSettings
 ) -> dict[str, Any]:
-    """Score the checkpoint on `settings.tasks`; write `<run_dir>/lm_eval/results.json`, merge
-    the scores into `<run_dir>/metrics.json` and return that file's new content."""
+    """Score the checkpoint on `settings.tasks` and record the scores in the run directory.
+
+    Writes `<run_dir>/lm_eval/results.json`, merges the scores into `<run_dir>/metrics.json` and
+    returns that file's new content.
+    """
     lm_eval = import_lm_eval()
     manager = task_manager(settings)  # an unknown task fails before the checkpoint loads
     restored = restore(ckpt_path)
@@ -136,11 +143,13 @@ def evaluate_checkpoint(
 
 
 def import_lm_eval():
-    """lm-eval, with the transformers wrapper it scores through, or a ConfigError naming the
-    extra that installs them."""
+    """Import lm-eval and the transformers wrapper it scores through.
+
+    Without them, a ConfigError names the extra that installs them.
+    """
     try:
         import lm_eval
-        import lm_eval.models.huggingface  # noqa: F401  (needs transformers and accelerate)
+        import lm_eval.models.huggingface  # needs transformers and accelerate
     except ImportError as error:
         raise ConfigError(
             f"lm-eval and the transformers wrapper it scores through are not installed "
@@ -150,9 +159,11 @@ def import_lm_eval():
 
 
 def task_manager(settings: LmEvalSettings):
-    """lm-eval's task index over the local tasks and `include_path`, and over lm-eval's own only
-    when a name is not found there (indexing them takes seconds); a ConfigError names a task
-    that none of them has."""
+    """Build lm-eval's task index over the local tasks and `include_path`.
+
+    lm-eval's own tasks are indexed only when a name is not found there. A ConfigError names a
+    task that none of them has.
+    """
     from lm_eval.tasks import TaskManager
 
     for folder in settings.include_path:
@@ -162,7 +173,7 @@ def task_manager(settings: LmEvalSettings):
     local = TaskManager(include_path=paths, include_defaults=False)
     if not unmatched(local, settings.tasks):
         return local
-    manager = TaskManager(include_path=paths)
+    manager = TaskManager(include_path=paths)  # indexing lm-eval's own tasks takes seconds
     if missing := unmatched(manager, settings.tasks):
         raise ConfigError(
             f"tasks: lm-eval has no task {', '.join(map(repr, missing))}. The local ones are "
@@ -188,10 +199,10 @@ def metrics_of(results: dict[str, dict[str, Any]]) -> dict[str, float]:
 
 
 def merge_metrics(run_dir: str | Path, scores: dict[str, float]) -> dict[str, Any]:
-    """`<run_dir>/metrics.json` with `scores` added (a new value replaces an old one), written
-    atomically: a reader sees the file before or after, never a part. Returns its content."""
+    """Add `scores` to `<run_dir>/metrics.json` (a new value replaces an old one); return it."""
     path = Path(run_dir) / METRICS_FILE
     record = json.loads(path.read_text()) if path.is_file() else {}
     record["metrics"] = dict(sorted({**record.get("metrics", {}), **scores}.items()))
+    # Atomically: a reader sees the file before or after, never a part.
     write_atomically(path, (json.dumps(record, indent=2) + "\n").encode(), what="metrics file")
     return record

@@ -56,11 +56,11 @@ def main(call_file: str, result_file: str) -> None:
     call = cloudpickle.loads(Path(call_file).read_bytes())
     try:
         result = call()
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 - whatever the trial raised is the parent's to raise
         result = error
     try:
         payload = cloudpickle.dumps(result)
-    except Exception as error:  # an exception or result that does not pickle
+    except Exception as error:  # noqa: BLE001 - a result that does not pickle fails with anything
         payload = cloudpickle.dumps(RuntimeError(f"{result!r} (unpicklable: {error})"))
     Path(result_file).write_bytes(payload)
 

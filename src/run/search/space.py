@@ -34,9 +34,11 @@ TAGS = {"log", "int"}
 def search_space(
     params: Mapping[str, Any] | None, arguments: Iterable[str]
 ) -> tuple[dict[str, BaseDistribution], list[str]]:
-    """The distributions to sample and the fixed overrides every trial gets, from the sweeper's
-    `params` (key: sweep) followed by the command line's overrides: for the same key, the
-    command line wins."""
+    """Return the distributions to sample and the fixed overrides that every trial gets.
+
+    They come from the sweeper's `params` (key: sweep) followed by the command line's overrides:
+    for the same key, the command line wins.
+    """
     lines = [f"{key}={value}" for key, value in (params or {}).items()]
     by_key: dict[str, Override] = {}
     for override in OverridesParser.create().parse_overrides([*lines, *arguments]):
@@ -84,8 +86,10 @@ def choices(values: list[Any], where: str) -> list[Any]:
 
 
 def range_distribution(sweep: RangeSweep, log: bool, where: str) -> BaseDistribution:
-    """range(start, stop, step): the grid start, start + step, ... below stop, as Hydra's basic
-    sweeper runs it."""
+    """Turn range(start, stop, step) into the grid start, start + step, ... below stop.
+
+    As Hydra's basic sweeper runs it.
+    """
     start, stop, step = sweep.start, sweep.stop, sweep.step
     # Rounded, so that float steps such as range(0.1, 0.5, 0.1) stop below 0.5 as in Hydra.
     count = math.ceil(round((stop - start) / step, 9)) if step > 0 else 0

@@ -1,5 +1,8 @@
-"""The Optuna study of a hyperparameter search: opened or resumed with a seeded sampler, told
-how each trial's job ended, and read back for the results file and the sweep summary."""
+"""Keep the Optuna study of a hyperparameter search.
+
+It is opened or resumed with a seeded sampler, told how each trial's job ended, and read back
+for the results file and the sweep summary.
+"""
 
 import logging
 from pathlib import Path
@@ -61,8 +64,10 @@ def make_sqlite_folder(storage: str | None) -> None:
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, job: JobReturn) -> FrozenTrial:
-    """Record how the trial's job ended: pruned (its pruning callback stopped it), failed (it
-    raised, or returned no number), or complete with the value it returned."""
+    """Record how the trial's job ended: pruned, failed, or complete with its value.
+
+    Pruned: its pruning callback stopped it. Failed: it raised, or returned no number.
+    """
     try:
         value = job.return_value
     except Exception as error:
@@ -102,8 +107,11 @@ def write_results(study: optuna.Study, path: Path) -> None:
 
 
 def load_study_report(storage: str, study_name: str) -> tuple[dict[int, str], dict[str, float]]:
-    """Each trial's state by number ("COMPLETE", "PRUNED", "FAIL", ...) and the importance of
-    each parameter (empty below MIN_TRIALS_FOR_IMPORTANCE complete trials)."""
+    """Read each trial's state by number and each parameter's importance.
+
+    States are "COMPLETE", "PRUNED", "FAIL", ...; importances are empty below
+    MIN_TRIALS_FOR_IMPORTANCE complete trials.
+    """
     study = optuna.load_study(study_name=study_name, storage=storage)
     trials = study.get_trials(deepcopy=False)
     states = {trial.number: trial.state.name for trial in trials}

@@ -1,5 +1,8 @@
-"""A Hydra callback that tabulates a multirun when it ends: overrides -> metrics, best job, and
-for an Optuna search each trial's state and each parameter's importance."""
+"""Tabulate a multirun when it ends, as a Hydra callback.
+
+Overrides -> metrics and the best job; for an Optuna search, each trial's state and each
+parameter's importance.
+"""
 
 import csv
 import json
@@ -22,15 +25,16 @@ log = logging.getLogger(__name__)
 
 
 class SweepSummary(Callback):
-    """Writes `summary.csv` (every metric of every job), `summary.md` and `summary.png` (the
-    metric against each swept parameter) in the sweep directory.
+    """Write `summary.csv`, `summary.md` and `summary.png` in the sweep directory.
 
-    Each job is read back from its own `metrics.json` and `.hydra/overrides.yaml`, so the
-    summary works the same for any sweeper and launcher. `mode` is "max" or "min" (Optuna's
-    "maximize"/"minimize" too, so it can follow the sweeper). With the `storage` and
-    `study_name` of an Optuna search, whose job numbers are its trial numbers, each job also
-    gets its trial's state (a pruned trial is never the best) and the summary the importance
-    of each parameter.
+    The CSV holds every metric of every job; the plot shows the metric against each swept
+    parameter. Each job is read back from its own `metrics.json` and `.hydra/overrides.yaml`, so
+    the summary works the same for any sweeper and launcher.
+
+    - `mode`: "max" or "min" ("maximize"/"minimize" too, so that it can follow Optuna's sweeper).
+    - `storage` and `study_name` of an Optuna search, whose job numbers are its trial numbers:
+      each job also gets its trial's state (a pruned trial is never the best), and the summary
+      the importance of each parameter.
     """
 
     def __init__(
@@ -81,8 +85,11 @@ class SweepSummary(Callback):
 
 
 def collect_jobs(sweep_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """One row per job directory (job number, overrides, the swept parameters' values, status,
-    metrics) and the swept parameters: the overrides whose value differs between jobs."""
+    """Read one row per job directory, and the swept parameters.
+
+    A row holds the job number, overrides, the swept parameters' values, status and metrics. The
+    swept parameters are the overrides whose value differs between jobs.
+    """
     job_dirs = [path for path in sweep_dir.iterdir() if (path / ".hydra").is_dir()]
     job_dirs.sort(key=lambda path: (len(path.name), path.name))
     overrides = [list(OmegaConf.load(path / ".hydra" / "overrides.yaml")) for path in job_dirs]
@@ -143,8 +150,10 @@ def markdown_table(rows: list[dict[str, Any]], metric: str | None, best: str | N
 
 
 def importance_table(importances: dict[str, float]) -> str:
-    """Optuna's importance of each parameter over the complete trials (its default evaluator;
-    they sum to 1), as a Markdown section; empty without importances."""
+    """Write Optuna's importance of each parameter as a Markdown section (empty without any).
+
+    Optuna's default evaluator computes them over the complete trials; they sum to 1.
+    """
     if not importances:
         return ""
     lines = ["| parameter | importance |", "|---|---|"]
@@ -153,8 +162,10 @@ def importance_table(importances: dict[str, float]) -> str:
 
 
 def plot_metric(rows: list[dict[str, Any]], metric: str, params: list[str]) -> Figure:
-    """`metric` against each parameter, one subplot each: numbers on a scatter (log x-axis when
-    they span more than 10x), anything else as categories. Jobs without the metric are left out.
+    """Plot `metric` against each parameter, one subplot each.
+
+    Numbers go on a scatter (log x-axis when they span more than 10x), anything else as
+    categories. Jobs without the metric are left out.
     """
     scored = [row for row in rows if _is_number(row.get(metric))]
     ncols = min(len(params), 3)

@@ -78,8 +78,8 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
     def _project(self, x: torch.Tensor):
-        """q [B, T, heads, d], k and v [B, T, kv_heads, d], and the output gate [B, T, heads*d]
-        (None for Qwen3)."""
+        """`q` [B, T, heads, d], `k` and `v` [B, T, kv_heads, d], and the output gate
+        [B, T, heads*d] (None for Qwen3)."""
         q = self.q_proj(x).unflatten(-1, (self.num_heads, -1))
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))

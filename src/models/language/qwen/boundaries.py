@@ -1,5 +1,6 @@
 """Document boundaries in packed rows, derived once per forward pass from `cu_seqlens`."""
 
+import itertools
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -47,7 +48,7 @@ class DocumentBoundaries:
         document_ids = starts.cumsum(0) - 1  # [B*T], 0-based
         first_token = cu_seqlens_long[document_ids]
         position = torch.arange(total, device=device) - first_token
-        lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:], strict=True)]
+        lengths = [b - a for a, b in itertools.pairwise(offsets)]
         return cls(
             cu_seqlens=cu_seqlens.to(torch.int32),
             cu_seqlens_long=cu_seqlens_long,
@@ -84,7 +85,7 @@ def _checked_offsets(cu_seqlens: torch.Tensor, batch: int, length: int) -> list[
             f"cu_seqlens must run from 0 to B*T = {total} (input_ids is [{batch}, {length}]), "
             f"got {_preview(offsets)}"
         )
-    if any(b <= a for a, b in zip(offsets[:-1], offsets[1:], strict=True)):
+    if any(b <= a for a, b in itertools.pairwise(offsets)):
         raise ValueError(f"cu_seqlens must be strictly increasing, got {_preview(offsets)}")
     missing_rows = sorted(set(range(0, total, length)) - set(offsets))
     if missing_rows:

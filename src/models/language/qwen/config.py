@@ -3,9 +3,9 @@
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from src.models.language.qwen.state_dict_adapter import ADAPTERS
 from src.utils.errors import ConfigError
 
-MODEL_TYPES = ("qwen3", "qwen3_next")
 LAYER_TYPES = ("full_attention", "linear_attention")
 # Sizes and scales, checked before anything is derived from them.
 POSITIVE_INTEGERS = (
@@ -110,8 +110,8 @@ class QwenConfig:
                 yield f"{name}={value!r} must be a number above 0"
 
     def _problems(self):
-        if self.model_type not in MODEL_TYPES:
-            yield f"model_type={self.model_type!r}; supported: {', '.join(MODEL_TYPES)}"
+        if self.model_type not in ADAPTERS:  # the model types are those with a state-dict adapter
+            yield f"model_type={self.model_type!r}; supported: {', '.join(ADAPTERS)}"
         if len(self.layer_types) != self.num_hidden_layers:
             yield (
                 f"layer_types has {len(self.layer_types)} entries for "

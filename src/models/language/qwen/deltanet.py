@@ -53,7 +53,7 @@ class ShortConvolution(nn.Module):
         cache: DeltaNetCache | None = None,
         kernel: Callable | None = None,
     ) -> torch.Tensor:
-        """x [B, T, channels] -> [B, T, channels]; with a cache, continue from its inputs.
+        """`x` [B, T, channels] -> [B, T, channels]; with a cache, continue from its inputs.
 
         `kernel`: causal-conv1d's `causal_conv1d_fn` to run instead (no cache; x on a GPU in
         fp16/bf16, in a shape `kernels.causal_conv1d_fits`).
@@ -148,17 +148,12 @@ class GatedDeltaNet(nn.Module):
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """The convolution's input [q; k; v] [B, T, 2*key_dim + value_dim], then z [B, T,
-        value_dim], b and a [B, T, value_heads]: views of one matmul's output."""
-        conv_channels = 2 * self.key_dim + self.value_dim
-        widths = (conv_channels, self.value_dim, self.num_value_heads, self.num_value_heads)
-        if isinstance(self.in_proj_qkvz, nn.Linear) and isinstance(self.in_proj_ba, nn.Linear):
-            return F.linear(x, self._stacked_input_weight()).split(widths, dim=-1)
-        return self._reordered_projections(x)
+        value_dim], b and a [B, T, value_heads], from the outputs of in_proj_qkvz and in_proj_ba.
 
-    def _reordered_projections(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """`_project` for wrapped projections (LoRA adapters, src/models/language/adapters.py),
-        whose output is more than their weight times x: call them, then reorder their outputs as
-        `_stacked_input_weight` reorders the rows."""
+        The checkpoints group each projection's rows per key head, [q | k | v | z] and [b | a],
+        where v, z, b and a cover the value heads that key head serves: the outputs are
+        regrouped here, head-major, as transformers' model does.
+        """
         per_key_head = self.num_value_heads // self.num_key_heads
         v_width = per_key_head * self.value_head_dim
         qkvz = self.in_proj_qkvz(x).unflatten(-1, (self.num_key_heads, -1))
@@ -167,24 +162,6 @@ class GatedDeltaNet(nn.Module):
         q, k, v, z = (part.flatten(-2) for part in qkvz.split(widths, dim=-1))
         b, a = (part.flatten(-2) for part in ba.split((per_key_head, per_key_head), dim=-1))
         return torch.cat([q, k, v], dim=-1), z, b, a
-
-    def _stacked_input_weight(self) -> torch.Tensor:
-        """in_proj_qkvz and in_proj_ba as one weight whose rows give [q | k | v | z | b | a], each
-        head-major, so that one matmul yields every input already in place.
-
-        The checkpoints group rows per key head: [q | k | v | z] and [b | a] for each, where v,
-        z, b and a cover the value heads that key head serves. Reordering the weight's rows
-        costs far less than reordering the activations.
-        """
-        per_key_head = self.num_value_heads // self.num_key_heads
-        v_width = per_key_head * self.value_head_dim
-        qkvz = self.in_proj_qkvz.weight.unflatten(0, (self.num_key_heads, -1))
-        ba = self.in_proj_ba.weight.unflatten(0, (self.num_key_heads, -1))
-        parts = (
-            *qkvz.split((self.key_head_dim, self.key_head_dim, v_width, v_width), dim=1),
-            *ba.split((per_key_head, per_key_head), dim=1),
-        )
-        return torch.cat([part.flatten(0, 1) for part in parts])
 
     def _torch_delta_rule(self, q, k, v, g, beta, boundaries, cache) -> torch.Tensor:
         q = _l2_normalise(q.float()) * self.key_head_dim**-0.5
@@ -257,5 +234,5 @@ def choose_kernels(
 
 
 def _l2_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """x / sqrt(sum(x^2) + eps) over the last axis, as flash-linear-attention computes it."""
+    """`x / sqrt(sum(x^2) + eps)` over the last axis, as flash-linear-attention computes it."""
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + eps)

@@ -47,7 +47,7 @@ class GatedRMSNorm(RMSNorm):
 def rotary_tables(
     position_ids: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [B, T, rotary_dim / 2] of the rotation angles position * theta^(-2i/rotary_dim).
+    """`cos` and `sin` [B, T, rotary_dim / 2] of the angles position * theta^(-2i/rotary_dim).
 
     Computed in fp32 from the positions, then cast to the activations' dtype.
     """

@@ -2,7 +2,8 @@
 
 Reading order: `DecoderLayer` (pre-norm residual block around a token mixer and an MLP), then
 `QwenLM` (embedding, layers, final norm, lm_head). The mixers live in `attention.py` and
-`deltanet.py`, the norms, RoPE and MLP in `layers.py`.
+`deltanet.py`, the norms, RoPE and MLP in `layers.py`; transformers' folders are read and written
+by `hf_io.py`, through the state-dict adapter of each model type (`state_dict_adapter.py`).
 """
 
 from pathlib import Path
@@ -109,8 +110,8 @@ class QwenLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def reset_parameters(self) -> None:
-        """transformers' initialisation: N(0, initializer_range) weights, zero biases, each norm
-        and Gated DeltaNet gate at its own starting value."""
+        """The initialisation of transformers' Qwen3: N(0, initializer_range) weights, zero
+        biases, each norm and Gated DeltaNet gate at its own starting value."""
         for module in self.modules():
             if isinstance(module, nn.Linear | nn.Embedding | ShortConvolution):
                 nn.init.normal_(module.weight, std=self.config.initializer_range)
@@ -220,21 +221,19 @@ class QwenLM(nn.Module):
         kernels: Kernels | None = None,
     ) -> "QwenLM":
         """Load a transformers-format folder (config.json + safetensors, sharded or not)."""
-        config = read_hf_config(directory)
         with torch.device("meta"):  # shapes only: the weights come from the files
-            model = cls(config, kernels)
-        state_dict = read_hf_weights(directory, model.state_dict(), config.tie_word_embeddings)
+            model = cls(read_hf_config(directory), kernels)
+        state_dict = read_hf_weights(directory, model.state_dict())
         model.load_state_dict(state_dict, strict=True, assign=True)
-        model.tie_weights()
+        model.tie_weights()  # assigning gave lm_head and the embedding a Parameter each
         return model.to(dtype)
 
     def load_hf_weights(self, directory: str | Path) -> None:
         """Copy a transformers folder's weights into this model, once its config.json is checked
         to describe the same architecture (to fine-tune a released checkpoint)."""
         check_same_architecture(self.config, directory)
-        tied = self.config.tie_word_embeddings
-        self.load_state_dict(read_hf_weights(directory, self.state_dict(), tied))
+        self.load_state_dict(read_hf_weights(directory, self.state_dict()))
 
     def save_pretrained(self, directory: str | Path, max_shard_bytes: int | None = None) -> None:
         """Write config.json + model.safetensors that transformers loads back."""
-        save_hf_directory(self, directory, max_shard_bytes)
+        save_hf_directory(directory, self.config, self.state_dict(), max_shard_bytes)

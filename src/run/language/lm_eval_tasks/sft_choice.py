@@ -1,6 +1,7 @@
-"""The questions of the `sft_choice` task: prompts of the synthetic instruction set
-(src/data/text/synthetic_sft.py), each with its right answer among three answers of the same task to
-other inputs.
+"""Make the questions of the `sft_choice` task from the synthetic instruction set.
+
+Each prompt of src/data/text/synthetic_sft.py comes with its right answer among three answers of
+the same task to other inputs.
 
 A model fine-tuned on `experiment=lm_sft` has seen such prompts answered, so it can beat the
 25% of chance after a short run; lm-eval reads the questions from `sft_choice.jsonl`, which
@@ -23,8 +24,11 @@ CHOICES = 4
 
 
 def make_questions(per_task: int = 20, seed: int = 17) -> list[dict]:
-    """`per_task` questions of each short task: {"task", "prompt", "choices", "answer"}, where
-    `answer` is the index of the right choice; the same seed gives the same questions."""
+    """Make `per_task` questions of each short task; the same seed gives the same questions.
+
+    Each is {"task", "prompt", "choices", "answer"}, where `answer` is the index of the right
+    choice.
+    """
     rng = random.Random(seed)
     questions = []
     for _ in range(per_task):  # the tasks in turn, so that the first N (limit=N) mix them all
@@ -46,7 +50,9 @@ def write_questions(path: Path = QUESTIONS) -> None:
 
 
 def load(**metadata):
-    """The questions as lm-eval's `custom_dataset`: a DatasetDict with one `test` split (lm-eval
-    passes its metadata, which the questions do not depend on)."""
+    """Load the questions as lm-eval's `custom_dataset`: a DatasetDict with one `test` split.
+
+    lm-eval passes its metadata, which the questions do not depend on.
+    """
     rows = [json.loads(line) for line in QUESTIONS.read_text().splitlines()]
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)})

@@ -1,0 +1,60 @@
+"""The stored token source: training, validation and test rows all from the token store."""
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from src.data.corpus.rows import PackedRows
+from src.data.corpus.token_store import TokenStore
+from src.data.packing.packing import TokenAccounting
+from src.data.text.token_source import shuffled_documents
+from src.utils.errors import DataError
+
+if TYPE_CHECKING:  # the datamodule builds its source: imported for the types only
+    from src.data.text.packed_text import PackedTextDataModule
+
+
+class StoredSource:
+    """The `TokenSource` of a corpus tokenised into a store: its documents split into train,
+    val and test at random by `split_seed`, in the fractions `val_fraction` and
+    `test_fraction`, every split's rows served by a resumable sampler (the training split's
+    shuffled each epoch by `shuffle_seed` + epoch)."""
+
+    def __init__(self, module: "PackedTextDataModule"):
+        self.module = module
+        self.datasets: dict[str, PackedRows] = {}
+        self.accounting: dict[str, TokenAccounting] = {}
+
+    def store_files(self) -> list[Path]:
+        return self.module.source_files()
+
+    def split_documents(self, count: int) -> dict[str, np.ndarray]:
+        """A permutation of the documents by `split_seed`, cut by the fractions."""
+        fractions = self.module.fractions
+        val = max(1, round(count * fractions["val"]))
+        test = round(count * fractions["test"])
+        if count - val - test < 1:
+            raise DataError(
+                f"{count} documents are too few for a train/val/test split with fractions "
+                f"{fractions}; add text or change data.document_split"
+            )
+        order = shuffled_documents(count, self.module.split_seed)
+        return {
+            "train": np.sort(order[val + test :]),
+            "val": np.sort(order[:val]),
+            "test": np.sort(order[val : val + test]),
+        }
+
+    def setup(self, store: TokenStore) -> None:
+        splits = self.split_documents(store.num_documents)
+        self.datasets, self.accounting = self.module.store_splits(store, splits)
+
+    def loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
+        return self.module.split_loader(self.datasets[split], batch_size, shuffle)
+
+    def packing_metrics(self) -> dict[str, float]:
+        """The metrics of the training split as batched."""
+        train = self.datasets["train"]
+        return self.module.row_metrics(train.row_lengths(), len(train.pieces))

@@ -1,0 +1,145 @@
+"""The streamed token source (`data.streaming=true`): training rows read from `data.paths` as
+the run goes (`src.data.text.streaming`), validation and test from the token store of the
+held-out files `data.val_paths`."""
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torchdata.stateful_dataloader import StatefulDataLoader
+
+from src.data.corpus.readers import resolve_files, resolve_stream_files
+from src.data.corpus.rows import PackedRows
+from src.data.corpus.token_store import TokenStore
+from src.data.packing.packing import Sample, TokenAccounting
+from src.data.text.streaming import StreamedRows
+from src.data.text.token_source import shuffled_documents
+from src.utils.errors import ConfigError
+
+if TYPE_CHECKING:  # the datamodule builds its source: imported for the types only
+    from src.data.text.pretraining import TextDataModule
+
+log = logging.getLogger(__name__)
+
+
+class StreamedSource:
+    """The `TokenSource` of a corpus too large to store: the training documents of `paths`
+    streamed, packed `packing_buffer` documents at a time, sharded by file across ranks and
+    workers, endlessly (the run's length is `trainer.max_steps`); the documents of `val_paths`
+    stored and split between validation and test in the ratio `val_fraction`:`test_fraction`.
+
+    The stream's position is each loader worker's state (`StreamedRows.state_dict`), which
+    Lightning keeps in the checkpoint's loop state: a resumed run continues mid-buffer.
+    """
+
+    stream: StreamedRows  # this rank's training rows, from setup on
+
+    def __init__(self, module: "TextDataModule", packing_buffer: int, val_paths: list[str] | None):
+        """Refuses, in one line saying what to set instead, what streaming cannot do."""
+        if packing_buffer < 1:
+            raise ConfigError(
+                f"data.packing_buffer must be a positive integer, got {packing_buffer}"
+            )
+        if val_paths is None:
+            raise ConfigError(
+                "data.streaming=true validates on held-out files: set data.val_paths=[<files, "
+                "globs or folders>]"
+            )
+        if module.tokenizer_options.get("kind") == "bpe":
+            raise ConfigError(
+                "data.tokenizer.kind=bpe trains on the corpus, which streaming never holds: "
+                "train it once in a run without data.streaming, then pass "
+                "data.tokenizer.kind=pretrained data.tokenizer.path=<run dir>/tokenizer"
+            )
+        if module.bucket_by_length:
+            raise ConfigError("data.bucket_by_length sorts the whole corpus: set it false")
+        self.module = module
+        self.packing_buffer = packing_buffer
+        self.val_paths = val_paths
+        self.datasets: dict[str, PackedRows] = {}
+        self.accounting: dict[str, TokenAccounting] = {}
+        self.first_rows: list[list[Sample]] = []  # the first buffer's, for the data report
+
+    def store_files(self) -> list[Path]:
+        return resolve_files(self.val_paths, key="data.val_paths")
+
+    def split_documents(self, count: int) -> dict[str, np.ndarray]:
+        """The held-out documents, split between validation and test (no training split: the
+        stream is one)."""
+        fractions = self.module.fractions
+        share = fractions["val"] / (fractions["val"] + fractions["test"])
+        val = max(1, round(count * share))
+        order = shuffled_documents(count, self.module.split_seed)
+        return {"val": np.sort(order[:val]), "test": np.sort(order[val:])}
+
+    def setup(self, store: TokenStore) -> None:
+        """The held-out splits from `store`, and the training stream, whose first buffer stands
+        for its accounting (the rest is yet to be read)."""
+        splits = self.split_documents(store.num_documents)
+        self.datasets, self.accounting = self.module.store_splits(store, splits)
+        self.stream = self.training_stream()
+        self.first_rows, _, self.accounting["train"] = self.stream.first_buffer()
+
+    def training_stream(self) -> StreamedRows:
+        """This rank's endless stream of training rows."""
+        module, trainer = self.module, self.module.trainer
+        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
+        seed = torch.initial_seed() if module.shuffle_seed is None else module.shuffle_seed
+        stream = StreamedRows(
+            resolve_stream_files(module.paths),
+            module.separator,
+            module.text_field,
+            module.encoder(),
+            module.max_seq_len,
+            module.overlong,
+            module.packing,
+            module.packing_strategy,
+            self.packing_buffer,
+            seed % 2**63,
+            rank=rank,
+            world_size=world_size,
+        )
+        stream.check_workers(module.num_workers)
+        if world_size > 1 and stream.shards_per_rank == len(stream.files):
+            log.warning(
+                "data.paths has %d files, which %d ranks do not share evenly: every rank reads "
+                "every file and keeps 1 document in %d",
+                len(stream.files),
+                world_size,
+                world_size,
+            )
+        return stream
+
+    def loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
+        """The stream for training; the stored rows for validation and test."""
+        if split != "train":
+            return self.module.split_loader(self.datasets[split], batch_size, shuffle)
+        self.stream.run_rows = self.run_rows(batch_size)
+        return StatefulDataLoader(
+            self.stream,
+            batch_size=batch_size,
+            collate_fn=self.module.collate(),
+            num_workers=self.module.num_workers,
+            persistent_workers=self.module.num_workers > 0,
+        )
+
+    def run_rows(self, batch_size: int) -> int | None:
+        """The rows the run reads: an endless stream needs the run to say when it ends (None
+        outside a Trainer)."""
+        trainer = self.module.trainer
+        if trainer is None:
+            return None
+        if trainer.max_steps is None or trainer.max_steps < 0:
+            raise ConfigError(
+                "data.streaming=true streams endlessly: set trainer.max_steps to the run's "
+                "length (and trainer.max_epochs=-1)"
+            )
+        return trainer.max_steps * trainer.accumulate_grad_batches * batch_size
+
+    def packing_metrics(self) -> dict[str, float]:
+        """The metrics of the stream's first buffer."""
+        rows = self.first_rows
+        lengths = np.array([sum(map(len, row)) for row in rows], dtype=np.int64)
+        return self.module.row_metrics(lengths, sum(map(len, rows)))

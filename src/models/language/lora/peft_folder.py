@@ -1,0 +1,141 @@
+"""peft's adapter folder: `adapter_config.json` + `adapter_model.safetensors`, which
+`peft.PeftModel.from_pretrained` loads onto transformers' Qwen3ForCausalLM /
+Qwen3NextForCausalLM built from the same base folder, and which a run reads back to go on
+training (`adapter.path`)."""
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from src.models.language.lora.injection import ADAPTER_NAME, adapter_state, lora_modules
+from src.models.language.lora.spec import MLP_TARGETS, AdapterSpec, import_peft
+from src.models.language.qwen import QwenLM
+from src.utils.errors import ConfigError, MissingFileError
+
+log = logging.getLogger(__name__)
+
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the transformers model's names
+
+
+def to_peft_key(key: str) -> str:
+    """`model.layers.0.self_attn.q_proj.lora_A.default.weight` ->
+    `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` (peft's file names)."""
+    return PEFT_PREFIX + key.replace(f".{ADAPTER_NAME}.", ".")
+
+
+def from_peft_key(key: str) -> str:
+    key = key.removeprefix(PEFT_PREFIX)
+    for matrix in ("lora_A", "lora_B"):
+        key = key.replace(f".{matrix}.weight", f".{matrix}.{ADAPTER_NAME}.weight")
+    return key
+
+
+def peft_config_dict(spec: AdapterSpec, net: QwenLM, base: dict[str, str] | None) -> dict:
+    """adapter_config.json for transformers' model of `net`'s architecture.
+
+    peft (0.17 to at least 0.21) treats every "qwen3_next" model as a mixture of experts and,
+    under transformers 5, turns the MLP names `gate_proj`/`up_proj`/`down_proj` of
+    target_modules into expert parameters that a dense Qwen3-Next lacks, dropping those
+    adapters. A Qwen3-Next adapter therefore names its MLP weights in `target_parameters`
+    (`mlp.gate_proj.weight`), which peft adapts with the same B @ A update; that form takes no
+    dropout, a training-only setting, so it is written as 0 there.
+    """
+    targets = sorted({name.rsplit(".", 1)[-1] for name in lora_modules(net)})
+    parameters: list[str] = []
+    dropout = float(spec.dropout)
+    if net.config.is_next:
+        parameters = [f"mlp.{name}.weight" for name in targets if name in MLP_TARGETS]
+        targets = [name for name in targets if name not in MLP_TARGETS]
+        dropout = 0.0 if parameters else dropout
+    config = import_peft().LoraConfig(
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base["path"] if base else None,
+        r=int(spec.r),
+        lora_alpha=float(spec.alpha),
+        lora_dropout=dropout,
+        target_modules=targets,
+        target_parameters=parameters or None,
+    )
+    values = config.to_dict()
+    for key, value in values.items():  # sets are not JSON
+        if isinstance(value, set):
+            values[key] = sorted(value)
+    return values
+
+
+def save_peft_folder(
+    net: QwenLM, spec: AdapterSpec, base: dict[str, str] | None, folder: str | Path
+) -> None:
+    """adapter_config.json + adapter_model.safetensors, as `PeftModel.save_pretrained` writes
+    them; the base's fingerprint rides in the safetensors metadata."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    config = peft_config_dict(spec, net, base)
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    tensors = {
+        to_peft_key(key): value.detach().contiguous().clone()
+        for key, value in adapter_state(net).items()
+    }
+    metadata = {"format": "pt"}
+    if base:
+        metadata["base_fingerprint"] = base["fingerprint"]
+    save_file(tensors, folder / WEIGHTS_FILE, metadata=metadata)
+
+
+def read_peft_folder(spec: AdapterSpec) -> tuple[AdapterSpec, dict[str, torch.Tensor], str | None]:
+    """The spec that a peft LoRA folder describes (its r, alpha and targets; this run's
+    dropout), its weights by the network's names, and the base fingerprint it records."""
+    folder = Path(spec.path)
+    config_file, weights_file = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+    if not (config_file.is_file() and weights_file.is_file()):
+        raise MissingFileError(
+            f"adapter.path={spec.path!r} holds no {CONFIG_FILE} and {WEIGHTS_FILE}: pass a "
+            f"folder written by scripts/export.py format=peft or PeftModel.save_pretrained."
+        )
+    values = json.loads(config_file.read_text())
+    unsupported = {
+        "peft_type": values.get("peft_type", "LORA") != "LORA",
+        "use_dora": bool(values.get("use_dora")),
+        "use_rslora": bool(values.get("use_rslora")),
+        "bias": values.get("bias", "none") != "none",
+        "modules_to_save": bool(values.get("modules_to_save")),
+        "rank_pattern / alpha_pattern": bool(values.get("rank_pattern"))
+        or bool(values.get("alpha_pattern")),
+    }
+    if problems := [name for name, bad in unsupported.items() if bad]:
+        raise ConfigError(f"{config_file}: plain LoRA only; this folder sets {problems}")
+    targets = values.get("target_modules") or []
+    if isinstance(targets, str):  # a regex, or peft's "all-linear"
+        raise ConfigError(
+            f"{config_file}: target_modules={targets!r} is a pattern; LoRA here names its "
+            f'modules, so list them there (e.g. ["q_proj", "v_proj"]).'
+        )
+    # A Qwen3-Next export names its MLP weights as parameters: `mlp.gate_proj.weight`.
+    targets = [*targets, *(p.rsplit(".", 2)[-2] for p in values.get("target_parameters") or [])]
+    read = AdapterSpec(
+        r=int(values["r"]),
+        alpha=float(values["lora_alpha"]),
+        dropout=spec.dropout,
+        target_modules=tuple(dict.fromkeys(targets)),
+        path=spec.path,
+    )
+    given = {k: getattr(spec, k) for k in ("r", "alpha", "target_modules")}
+    differing = [
+        k for k, v in given.items() if v != getattr(read, k) and v != AdapterSpec.default(k)
+    ]
+    if differing:
+        log.warning(
+            "adapter.path=%s sets %s from its %s; this run's values are ignored",
+            spec.path,
+            ", ".join(differing),
+            CONFIG_FILE,
+        )
+    state = {from_peft_key(key): value for key, value in load_file(weights_file).items()}
+    with safe_open(weights_file, "pt") as handle:
+        trained_on = (handle.metadata() or {}).get("base_fingerprint")
+    return read, state, trained_on

@@ -206,7 +206,9 @@ def batch_of(vocab_size: int, args) -> torch.Tensor:
 
 def in_fresh_process(call: str) -> dict:
     """What `call` (a call of this module's functions) prints as JSON, run in a new process."""
-    code = f"from scripts.bench_lm import *; {call}"
+    # As `python scripts/bench_lm.py` imports it: beside `benchmarks`, the scripts' shared code.
+    scripts = str(Path(__file__).resolve().parent)
+    code = f"import sys; sys.path.insert(0, {scripts!r}); from bench_lm import *; {call}"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
     )

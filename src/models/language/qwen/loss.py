@@ -18,7 +18,7 @@ from src.utils.contracts import IGNORE_INDEX
 class TokenLoss(NamedTuple):
     """Sums over one batch's supervised tokens (labels != IGNORE_INDEX)."""
 
-    loss_sum: torch.Tensor  # fp32 sum of the token cross-entropies
+    loss_sum: torch.Tensor  # sum of the token cross-entropies, in fp32 or the head's wider dtype
     tokens: torch.Tensor  # how many tokens are supervised
     correct: torch.Tensor | None  # argmax equal to the label; None when computed with gradients
 
@@ -30,7 +30,7 @@ def next_token_loss(
 
     `chunk_size` rows of logits exist at a time; None computes the full logits at once (the
     reference path). Under autocast the head runs in the autocast dtype, as `nn.Linear` would,
-    and the loss is summed in fp32.
+    and the loss is summed in fp32, or in fp64 for an fp64 model.
     """
     hidden, labels = hidden.flatten(0, -2), labels.flatten()
     device_type = hidden.device.type
@@ -41,13 +41,13 @@ def next_token_loss(
     with_gradients = torch.is_grad_enabled()
     if with_gradients and chunk_size is not None:
         return TokenLoss(_fused_loss_sum(hidden, head_weight, labels, chunk_size), tokens, None)
-    loss_sum = hidden.new_zeros((), dtype=torch.float32)
+    loss_sum = hidden.new_zeros((), dtype=summed_dtype(hidden))
     correct = torch.zeros((), dtype=torch.long, device=hidden.device)
     rows_per_chunk = chunk_size or max(len(hidden), 1)  # None: every row in one chunk
     for rows, targets in zip(
         hidden.split(rows_per_chunk), labels.split(rows_per_chunk), strict=True
     ):
-        logits = F.linear(rows, head_weight).float()
+        logits = F.linear(rows, head_weight).to(loss_sum.dtype)
         loss_sum = loss_sum + F.cross_entropy(
             logits, targets, ignore_index=IGNORE_INDEX, reduction="sum"
         )
@@ -57,7 +57,7 @@ def next_token_loss(
 
 
 def _fused_loss_sum(hidden, head_weight, labels, chunk_size: int) -> torch.Tensor:
-    """F.linear_cross_entropy's chunked sum, in fp32 whatever the head's dtype.
+    """F.linear_cross_entropy's chunked sum, in fp32 at least whatever the head's dtype.
 
     Its "sum" comes back in the input dtype, and in bf16 a sum of thousands of token losses is
     good to about 0.3%: below fp32, per-token losses are summed here instead (about 25% more
@@ -74,4 +74,9 @@ def _fused_loss_sum(hidden, head_weight, labels, chunk_size: int) -> torch.Tenso
         ignore_index=IGNORE_INDEX,
         options=nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_size, acc_policy="compact"),
     )
-    return losses.float().sum()
+    return losses.sum(dtype=summed_dtype(hidden))
+
+
+def summed_dtype(hidden: torch.Tensor) -> torch.dtype:
+    """fp32, or the hidden states' dtype where it is wider (an fp64 run keeps its precision)."""
+    return torch.promote_types(hidden.dtype, torch.float32)

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from src.run.app import hydra_app
 from src.run.config.checks import check_config_types
+from src.run.config.explicit import record_explicit_model_config
 from src.run.config.instantiate import instantiate_config
 from src.run.language.lm_evaluation import check_lm_eval_request, evaluate_after_training
 from src.run.lr_scaling import apply_lr_scaling
@@ -42,6 +43,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         L.seed_everything(cfg.seed, workers=True)
 
     datamodule = instantiate_config(cfg.data)
+    record_explicit_model_config(cfg, run_overrides())
     model = instantiate_config(cfg.model)
     trainer = build_trainer(cfg, run_config=(plain_config(cfg), run_overrides()))
 

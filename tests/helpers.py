@@ -231,6 +231,10 @@ def tiny_config(model_type: str, **overrides) -> QwenConfig:
     )  # fmt: skip
     if model_type == "qwen3_next":
         values["partial_rotary_factor"] = 0.5
+    if "moe" in model_type:  # 4 experts, 2 per token; Qwen3.5-MoE's with a shared expert
+        values.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+        if model_type.startswith("qwen3_5"):
+            values["shared_expert_intermediate_size"] = 24
     return QwenConfig(**{**values, **overrides})
 
 

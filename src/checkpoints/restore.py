@@ -11,7 +11,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import hydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -98,7 +98,8 @@ def restore(ckpt_path: str | Path, overrides: Sequence[str] = ()) -> Restored:
     config = apply_overrides(OmegaConf.create(moved_targets(stored["config"])), overrides)
     for group in ("model", "data"):
         check_targets(OmegaConf.to_container(config[group]), f"{ckpt_path}: {group}")
-    model = hydra.utils.instantiate(inference_node(config.model, ckpt_path))
+    built = checkpoint.get("hyper_parameters", {}).get("config")
+    model = hydra.utils.instantiate(inference_node(config.model, ckpt_path, built))
     # As Trainer does before loading: the model may complete its state there (a LoRA run's
     # checkpoint names its frozen base instead of holding it, src/models/language/adapters.py).
     model.on_load_checkpoint(checkpoint)
@@ -191,30 +192,37 @@ def apply_overrides(config: DictConfig, overrides: Sequence[str]) -> DictConfig:
     return config
 
 
-def inference_node(node: DictConfig, ckpt_path: str | Path) -> dict[str, Any]:
+def inference_node(
+    node: DictConfig, ckpt_path: str | Path, built_config: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Make the stored model config buildable for inference by the class as it is now.
 
     - No starting weights: the checkpoint has them (an adapter run keeps `pretrained`, its base).
+      The architecture is then the one built (`built_config`, the checkpoint's hyperparameters),
+      which a `pretrained` folder decided, whatever sizes the model's YAML gave.
     - None for a required training-only argument that is not stored.
     - Keys the signature no longer takes are dropped with a warning (a checkpoint older than the
       class).
     """
-    node = OmegaConf.to_container(node)
-    if "pretrained" in node and not node.get("adapter"):
-        node["pretrained"] = None
-    parameters = inspect.signature(hydra.utils.get_object(node["_target_"])).parameters
+    spec = cast(dict[str, Any], OmegaConf.to_container(node))  # keys: the model's argument names
+    if "pretrained" in spec and not spec.get("adapter"):
+        if spec["pretrained"] and built_config is not None and "config" in spec:
+            spec["config"] = built_config
+            spec.pop("explicit_config", None)  # checked against the folder at training time
+        spec["pretrained"] = None
+    parameters = inspect.signature(hydra.utils.get_object(spec["_target_"])).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    retired = [k for k in node if not (takes_any or k.startswith("_") or k in parameters)]
+    retired = [k for k in spec if not (takes_any or k.startswith("_") or k in parameters)]
     if retired:
         log.warning(
             "%s: the stored model config has keys that %s no longer takes, left out: %s",
             ckpt_path,
-            node["_target_"],
+            spec["_target_"],
             ", ".join(retired),
         )
-        node = {key: value for key, value in node.items() if key not in retired}
+        spec = {key: value for key, value in spec.items() if key not in retired}
     for name in TRAINING_ONLY:
         required = name in parameters and parameters[name].default is inspect.Parameter.empty
-        if required and name not in node:
-            node[name] = None
-    return node
+        if required and name not in spec:
+            spec[name] = None
+    return spec

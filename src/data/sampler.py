@@ -2,10 +2,10 @@
 
 import warnings
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
-from lightning.pytorch import LightningDataModule
+from lightning.pytorch import Trainer
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
@@ -16,9 +16,37 @@ warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=
 CHUNK = 4096  # indices turned into Python ints at a time
 
 
+class HasTrainer(Protocol):
+    """A datamodule as `resumable_sampler` reads it: the trainer that runs it, if any."""
+
+    @property
+    def trainer(self) -> Trainer | None: ...
+
+
+class LoaderOwner(HasTrainer, Protocol):
+    """A datamodule as `resumable_loader` reads it: its trainer, shuffle seed and worker count."""
+
+    @property
+    def shuffle_seed(self) -> int | None: ...
+
+    @property
+    def num_workers(self) -> int: ...
+
+
+class SplitLoaderOwner(Protocol):
+    """A datamodule as `SplitLoaders` reads it: its batch sizes and how it builds a loader."""
+
+    @property
+    def batch_size(self) -> int: ...
+
+    @property
+    def eval_batch_size(self) -> int: ...
+
+    def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader: ...
+
+
 class ResumableDistributedSampler(StatefulDistributedSampler):
-    """torchdata's stateful DistributedSampler, with the epoch in its state too, and its order
-    kept as a tensor.
+    """torchdata's stateful DistributedSampler, with the epoch in its state and its order a tensor.
 
     Lightning builds the training iterator before it sets the sampler's epoch on resume, so
     without the epoch in the checkpoint a run resumed in epoch 3 would replay epoch 0's order.
@@ -29,6 +57,7 @@ class ResumableDistributedSampler(StatefulDistributedSampler):
     # The loader yields no more batches this epoch once fewer samples than this are left: its
     # batch size when it drops the last partial batch (set by `resumable_loader`), else 1.
     smallest_batch = 1
+    next_yielded: int | None  # the position a loaded state resumes at, None once resumed
 
     def __iter__(self) -> Iterator[int]:
         self.yielded, self.next_yielded = self.next_yielded or 0, None
@@ -38,9 +67,11 @@ class ResumableDistributedSampler(StatefulDistributedSampler):
                 yield index
 
     def rank_indices(self) -> torch.Tensor:
-        """This rank's indices this epoch, in the order torch's DistributedSampler gives them:
-        the permutation by seed + epoch, padded cyclically (or cut) to a multiple of the ranks,
-        then every `num_replicas`-th from `rank`."""
+        """This rank's indices this epoch, in the order torch's DistributedSampler gives them.
+
+        That is the permutation by seed + epoch, padded cyclically (or cut) to a multiple of the
+        ranks, then every `num_replicas`-th from `rank`.
+        """
         count = len(self.dataset)
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -74,10 +105,13 @@ class ResumableDistributedSampler(StatefulDistributedSampler):
 
 
 def resumable_sampler(
-    datamodule: LightningDataModule, dataset: Dataset, shuffle: bool, shuffle_seed: int | None
+    datamodule: HasTrainer, dataset: Dataset, shuffle: bool, shuffle_seed: int | None
 ) -> ResumableDistributedSampler:
-    """The sampler for one split of `datamodule`: this rank's slice of a permutation seeded by
-    `shuffle_seed` + epoch (the process's torch seed when None), one rank when not distributed."""
+    """The sampler for one split of `datamodule`: this rank's slice of a seeded permutation.
+
+    The permutation is seeded by `shuffle_seed` + epoch (the process's torch seed when None);
+    there is one rank when not distributed.
+    """
     trainer = datamodule.trainer
     world_size, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
     seed = torch.initial_seed() if shuffle_seed is None else shuffle_seed
@@ -87,19 +121,22 @@ def resumable_sampler(
 
 
 def resumable_loader(
-    datamodule: LightningDataModule,
+    datamodule: LoaderOwner,
     dataset: Dataset,
     batch_size: int | None,
     shuffle: bool,
     **options: Any,
 ) -> StatefulDataLoader:
-    """A loader over `dataset` whose position and shuffle order go into checkpoints, so that a
-    resumed run continues exactly. Shuffled (training) loaders drop the last partial batch:
-    every optimizer step has the same size, on every rank. Uses the datamodule's
-    `shuffle_seed` and `num_workers`."""
+    """A loader over `dataset` whose position and shuffle order go into checkpoints.
+
+    A resumed run therefore continues exactly. Shuffled (training) loaders drop the last partial
+    batch: every optimizer step has the same size, on every rank. Uses the datamodule's
+    `shuffle_seed` and `num_workers`.
+    """
     sampler = resumable_sampler(datamodule, dataset, shuffle, datamodule.shuffle_seed)
-    drop_last = shuffle and batch_size is not None
-    if drop_last:
+    drop_last = False
+    if shuffle and batch_size is not None:
+        drop_last = True
         sampler.smallest_batch = batch_size
     return StatefulDataLoader(
         dataset,
@@ -113,15 +150,17 @@ def resumable_loader(
 
 
 class SplitLoaders:
-    """`train_dataloader`, `val_dataloader` and `test_dataloader` for a datamodule with
-    `batch_size`, `eval_batch_size` and `_loader(split, batch_size, shuffle)`: only training
-    shuffles."""
+    """`train_dataloader`, `val_dataloader` and `test_dataloader`; only training shuffles.
 
-    def train_dataloader(self) -> StatefulDataLoader:
+    For a datamodule with `batch_size`, `eval_batch_size` and `_loader(split, batch_size,
+    shuffle)` (`SplitLoaderOwner`).
+    """
+
+    def train_dataloader(self: SplitLoaderOwner) -> StatefulDataLoader:
         return self._loader("train", self.batch_size, shuffle=True)
 
-    def val_dataloader(self) -> StatefulDataLoader:
+    def val_dataloader(self: SplitLoaderOwner) -> StatefulDataLoader:
         return self._loader("val", self.eval_batch_size, shuffle=False)
 
-    def test_dataloader(self) -> StatefulDataLoader:
+    def test_dataloader(self: SplitLoaderOwner) -> StatefulDataLoader:
         return self._loader("test", self.eval_batch_size, shuffle=False)

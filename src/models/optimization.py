@@ -80,9 +80,12 @@ class OptimizedModule(LightningModule):
         return groups
 
     def total_steps(self) -> float:
-        """The run's optimizer steps, asked of the Trainer only once training has begun: asking
-        in `configure_optimizers` would drop the resumed data loader's position (Lightning
-        #20550, in epoch-based runs). Infinite when neither max_steps nor max_epochs is set."""
+        """The run's optimizer steps, asked of the Trainer only once training has begun.
+
+        Asking in `configure_optimizers` would drop the resumed data loader's position
+        (Lightning #20550, in epoch-based runs). Infinite when neither max_steps nor max_epochs
+        is set.
+        """
         if self._total_steps is None:
             self._total_steps = float(self.trainer.estimated_stepping_batches)
         return self._total_steps
@@ -101,8 +104,10 @@ def warmup_cosine_schedule(
     warmup_steps: int,
     min_lr_ratio: float,
 ) -> LambdaLR:
-    """Linear warmup over `warmup_steps`, then a cosine decay to `min_lr_ratio` x lr at
-    `total_steps()`; step it every optimizer step (`interval: step`)."""
+    """Linear warmup over `warmup_steps`, then a cosine decay to `min_lr_ratio` x lr.
+
+    The decay ends at `total_steps()`; step it every optimizer step (`interval: step`).
+    """
     schedule = partial(
         warmup_cosine,
         warmup_steps=int(warmup_steps),
@@ -118,8 +123,10 @@ def warmup_cosine_schedule(
 def warmup_cosine(
     step: int, warmup_steps: int, total_steps: Callable[[], float], min_lr_ratio: float
 ) -> float:
-    """Learning-rate multiplier: linear from 1/warmup_steps to 1, then a cosine to min_lr_ratio
-    at `total_steps()` (called only after the warmup)."""
+    """Learning-rate multiplier: linear from 1/warmup_steps to 1, then a cosine to min_lr_ratio.
+
+    The cosine ends at `total_steps()` (called only after the warmup).
+    """
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     if step == warmup_steps:

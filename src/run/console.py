@@ -14,7 +14,7 @@ import sys
 import textwrap
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from hydra.core.global_hydra import GlobalHydra
@@ -119,7 +119,8 @@ def show_config(cfg: DictConfig, print_tree: bool) -> None:
 def full_tree(cfg: DictConfig) -> Tree:
     """Every resolved value, one branch per top-level key."""
     tree = Tree("config")
-    for key, value in OmegaConf.to_container(cfg, resolve=True).items():
+    values = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+    for key, value in values.items():
         if isinstance(value, dict | list) and value:
             tree.add(escape(str(key))).add(escape(yaml.safe_dump(value, sort_keys=False).rstrip()))
         else:
@@ -137,7 +138,7 @@ def short_tree(
     """
     tree = Tree(f"[bold]Config[/] (all of it: {escape(str(saved_to))})")
     set_in = _overrides_by_key(overrides)
-    values = OmegaConf.to_container(cfg, resolve=True)
+    values = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
     for key, value in values.items():
         if key in choices:
             branch = tree.add(f"{key}: [bold]{escape(_flow(choices[key]))}[/]")
@@ -192,6 +193,7 @@ def help_text(conf_dir: Path, root: DictConfig) -> str:
     """
     choices = dict(root.hydra.runtime.choices)
     groups = sorted(g for g in choices if not g.startswith("hydra"))
+    keys = [str(key) for key in root]  # as strings, the names masked_copy and _sets_only take
     lines = [f"Usage: python {sys.argv[0]} [group=option ...] [key=value ...]", ""]
     lines += ["== Groups (group=option) ==", ""]
     for group in groups:
@@ -210,13 +212,13 @@ def help_text(conf_dir: Path, root: DictConfig) -> str:
     add_ons = [
         group
         for group in _groups(conf_dir)
-        if group not in choices and _sets_only(conf_dir, group, set(root.keys()))
+        if group not in choices and _sets_only(conf_dir, group, set(keys))
     ]
     if add_ons:
         lines += ["== Add-ons (+group=option) ==", ""]
         for group in add_ons:
             lines += [group, *_described(conf_dir, group, _options(conf_dir, group)), ""]
-    settings = OmegaConf.masked_copy(root, [k for k in root if k != "hydra" and k not in choices])
+    settings = OmegaConf.masked_copy(root, [k for k in keys if k != "hydra" and k not in choices])
     lines += ["== Settings (key=value) ==", "", OmegaConf.to_yaml(settings).rstrip(), ""]
     lines += ["`--cfg job` prints the whole config, `--hydra-help` Hydra's own options."]
     return "\n".join(lines).replace("$", "$$")  # Hydra fills the help in as a string.Template

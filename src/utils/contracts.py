@@ -89,8 +89,10 @@ class ReportsTokenAccounting(Protocol):
 
 @runtime_checkable
 class HasTestConfusionMatrix(Protocol):
-    """A classifier whose test loop fills a confusion matrix (rows: true, columns: predicted:
-    a torchmetrics `MulticlassConfusionMatrix`)."""
+    """A classifier whose test loop fills a confusion matrix (rows: true, columns: predicted).
+
+    The matrix is a torchmetrics `MulticlassConfusionMatrix`.
+    """
 
     test_confusion_matrix: Any
 
@@ -104,8 +106,11 @@ class NamesClasses(Protocol):
 
 @runtime_checkable
 class Adapter(Protocol):
-    """A language model's adapter, LoRA or none: what trains, what its checkpoints keep of the
-    network, and the network's exports (merged into plain weights, or as a peft folder)."""
+    """A language model's adapter, LoRA or none: what trains, is checkpointed and is exported.
+
+    It decides what trains, what its checkpoints keep of the network, and the network's exports
+    (merged into plain weights, or as a peft folder).
+    """
 
     # True: only the adapter's own weights train (the base is frozen), and checkpoints name
     # the base instead of holding it, so they load only once `complete_checkpoint` ran.

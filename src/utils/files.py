@@ -1,5 +1,7 @@
-"""Files that never half-exist: written beside their final path, flushed, renamed into place;
-and files read by position, without a map."""
+"""Files that never half-exist, and files read by position, without a map.
+
+A file is written beside its final path, flushed, then renamed into place.
+"""
 
 import errno
 import logging
@@ -17,8 +19,11 @@ log = logging.getLogger(__name__)
 def write_atomically(
     path: str | Path, write: Callable[[BinaryIO], None] | bytes, what: str = "file"
 ) -> None:
-    """Write `path` through a temporary file in the same folder, fsync, rename: readers see the
-    previous content or the new one, never a part. `write` is the bytes or fills the file."""
+    """Write `path` through a temporary file in the same folder, then fsync and rename it.
+
+    Readers see the previous content or the new one, never a part. `write` is the bytes or fills
+    the file.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{path.name}.tmp-*"):  # left by a process killed mid-save
@@ -47,8 +52,10 @@ def write_atomically(
 
 
 def is_alive(pid: str) -> bool:
-    """Whether the process with this id (as written in a temporary file's name) still runs on
-    this machine; a name that holds no id counts as dead."""
+    """Whether the process with this id still runs on this machine.
+
+    The id is as written in a temporary file's name; a name that holds no id counts as dead.
+    """
     if not pid.isdigit():
         return False
     try:
@@ -73,8 +80,9 @@ def fsync_folder(folder: Path) -> None:
 
 
 def link_atomically(target: str | Path, link: str | Path) -> None:
-    """Make `link` a hard link to the file `target`, replacing whatever `link` was in one
-    rename; a copy (written atomically) where the file system has no hard links.
+    """Make `link` a hard link to the file `target`, replacing whatever `link` was in one rename.
+
+    Where the file system has no hard links, `link` is a copy (written atomically).
 
     A hard link, not a symlink: deleting `target` (a periodic checkpoint rotated out) leaves
     `link` whole instead of dangling, Windows allows it without special rights, and an atomic
@@ -103,8 +111,10 @@ def copy_into(source: Path, file: BinaryIO) -> None:
 
 
 def hash_file(digest, path: Path, chunk_bytes: int = 16 << 20) -> None:
-    """Feed the contents of `path` to `digest` (anything with `update`, hashlib's or xxhash's),
-    read in chunks into one reused buffer."""
+    """Feed the contents of `path` to `digest`, read in chunks into one reused buffer.
+
+    `digest` is anything with `update`, hashlib's or xxhash's.
+    """
     buffer = bytearray(chunk_bytes)
     with Path(path).open("rb", buffering=0) as file:
         while count := file.readinto(buffer):
@@ -112,8 +122,9 @@ def hash_file(digest, path: Path, chunk_bytes: int = 16 << 20) -> None:
 
 
 class PositionalReader:
-    """Byte ranges of a file read with `os.pread`, through a descriptor each process opens once
-    (a forked data-loader worker opens its own); pickled as its path.
+    """Byte ranges of a file read with `os.pread`, through a descriptor each process opens once.
+
+    A forked data-loader worker opens its own; the reader is pickled as its path.
 
     Rather than a memory map: a mapped page counts in the process's resident memory once
     touched, with the kernel's read-ahead around it, and the random rows of an epoch touch

@@ -26,8 +26,10 @@ def is_logging_step(trainer: Any) -> bool:
 
 
 def metrics_logged_this_step(trainer: Any) -> dict[str, Any]:
-    """What Lightning sends the loggers at the end of this training batch: the values logged
-    on step, on logging steps that step the optimizer; nothing on other batches.
+    """What Lightning sends the loggers at the end of this training batch.
+
+    That is the values logged on step, on logging steps that step the optimizer; nothing on
+    other batches.
 
     Read from Lightning's logger connector, the way its training loop reads it right after
     `on_train_batch_end` (no public API gives a step's logged values).

@@ -15,8 +15,9 @@ GPU_ONLY_PACKAGES = ("fla", "causal_conv1d")
 
 
 def use_pytorch_kernels_in_transformers() -> None:
-    """Where no CUDA device exists, mark the GPU-only kernel packages as absent, so that
-    transformers falls back to its PyTorch functions as if they were not installed.
+    """Mark the GPU-only kernel packages as absent where no CUDA device exists.
+
+    Transformers then falls back to its PyTorch functions, as if the packages were not installed.
 
     Call it before the first transformers Qwen3-Next model is built. It changes nothing on a
     CUDA machine, under Triton's CPU interpreter (TRITON_INTERPRET=1, where the kernels do run)

@@ -1,5 +1,6 @@
-"""Weights files read without running code: torch checkpoints loaded weights-only, safetensors,
-and a clear diagnosis when the weights do not fit a network.
+"""Weights files read without running code, and a clear diagnosis when they do not fit a network.
+
+The files are torch checkpoints, loaded weights-only, and safetensors.
 
 On the ground floor because every layer reads weights: models their starting weights
 (`model.pretrained`), the checkpoints package whole runs.
@@ -31,8 +32,10 @@ def is_safetensors(head: bytes) -> bool:
 
 
 def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-    """torch.load with `weights_only=True`: tensors and plain Python values, never code. A file
-    that is not a torch checkpoint is named for what it is, with what to pass instead."""
+    """torch.load with `weights_only=True`: tensors and plain Python values, never code.
+
+    A file that is not a torch checkpoint is named for what it is, with what to pass instead.
+    """
     path = Path(path)
     if not path.is_file():
         raise MissingFileError(f"Checkpoint {str(path)!r} does not exist.")
@@ -68,8 +71,10 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
 
 
 def unpickler_reason(error: pickle.UnpicklingError) -> str:
-    """What torch's weights-only unpickler refused, without its advice to load the file unsafely
-    (`weights_only=False`), which is the load this template exists to avoid."""
+    """What torch's weights-only unpickler refused, without its advice to load the file unsafely.
+
+    That advice (`weights_only=False`) is the load this template exists to avoid.
+    """
     for line in str(error).splitlines():
         if "WeightsUnpickler error:" in line:
             return line.split("WeightsUnpickler error:", 1)[1].strip()

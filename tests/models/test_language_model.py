@@ -149,6 +149,41 @@ def test_the_step_loss_is_the_mean_over_every_supervised_token_of_the_step(tmp_p
     assert trainer.callback_metrics["train/loss"].item() == pytest.approx(total.item() / 13)
 
 
+def test_a_mixture_of_experts_optimises_its_load_balancing_loss_and_logs_the_load(tmp_path):
+    """One micro-batch: the gradient is that of transformers' loss + coef * aux_loss."""
+    config = dict(
+        model_type="qwen3_moe", vocab_size=32, hidden_size=16, intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=8,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, mlp_only_layers=[0],
+        router_aux_loss_coef=0.5,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    module = RecordsGradients(config, optimizer=partial(torch.optim.SGD, lr=0.0))
+    ids = torch.randint(0, 32, (2, 12))
+    labels = torch.randint(0, 32, (2, 12))
+    reference = LanguageModel(config)
+    reference.load_state_dict(module.state_dict())
+    mean = F.cross_entropy(reference(ids).flatten(0, 1), labels.flatten())
+    aux_loss = reference.net.router_aux_loss()
+    (mean + 0.5 * aux_loss).backward()
+
+    trainer = quiet_trainer(max_steps=1, log_every_n_steps=1, default_root_dir=tmp_path)
+    batches = [{"input_ids": ids, "labels": labels}]
+    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(batches, batch_size=None))
+
+    for name, parameter in reference.named_parameters():
+        assert torch.allclose(module.seen[name], parameter.grad, atol=1e-6), name
+    metrics = trainer.callback_metrics
+    assert metrics["train/loss"].item() == pytest.approx(mean.item(), rel=1e-5)
+    assert metrics["train/aux_loss"].item() == pytest.approx(aux_loss.item(), rel=1e-5)
+    counts = reference.net.tokens_per_expert()[1].float()
+    assert set(reference.net.tokens_per_expert()) == {1}  # layer 0 is dense
+    assert metrics["moe/layer_1/load_max_over_mean"].item() == pytest.approx(
+        (counts.max() / counts.mean()).item()
+    )
+    assert metrics["moe/load_max_over_mean"] == metrics["moe/layer_1/load_max_over_mean"]
+
+
 def test_the_learning_rate_warms_up_linearly_then_follows_a_cosine():
     def schedule(step):
         return warmup_cosine(step, warmup_steps=10, total_steps=lambda: 110, min_lr_ratio=0.1)

@@ -47,7 +47,8 @@ def test_a_saved_model_loads_back_identically(saved):
 
 
 @pytest.mark.parametrize("tied", [True, False])
-@pytest.mark.parametrize("model_type", sorted(ADAPTERS))
+# A multimodal folder's model saves with that folder: tests/models/test_qwen3_5.py.
+@pytest.mark.parametrize("model_type", sorted(t for t, a in ADAPTERS.items() if a.saves_alone))
 def test_every_model_type_loads_back_what_it_saved(tmp_path, model_type, tied):
     model = perturbed_model(tiny_config(model_type, tie_word_embeddings=tied))
     model.save_pretrained(tmp_path / "saved")
@@ -122,8 +123,7 @@ def test_multi_token_prediction_weights_of_released_checkpoints_are_skipped(save
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"model_type": "llama"}, r"model_type='llama'; QwenLM loads \['qwen3', 'qwen3_next'\]"),
-        ({"num_experts": 8}, "mixture of experts"),
+        ({"model_type": "llama"}, r"model_type='llama'; QwenLM loads \['qwen3', .*'qwen3_next'\]"),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, "rope_type"),
         ({"hidden_act": "gelu"}, "hidden_act"),
     ],

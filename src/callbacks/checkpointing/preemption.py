@@ -1,5 +1,6 @@
-"""Save a checkpoint and stop cleanly when the job is asked to stop (SIGTERM, SIGUSR1,
-SIGUSR2) or the user presses Ctrl-C (SIGINT).
+"""Save a checkpoint and stop cleanly when the job is asked to stop or the user presses Ctrl-C.
+
+The job is asked to stop by SIGTERM, SIGUSR1 or SIGUSR2; Ctrl-C is SIGINT.
 
 The signal handler only raises a flag; the checkpoint is written at the next batch boundary,
 never from inside the handler, where it could capture a half-finished optimizer step.
@@ -21,9 +22,9 @@ log = logging.getLogger(__name__)
 
 
 class Preemption(Callback):
-    """On one of `signals` or `interrupts`: write `<dirpath>/<filename>` after the current
-    step, print the command that resumes from it, then stop.
+    """On one of `signals` or `interrupts`: save after the current step, say how to resume, stop.
 
+    The checkpoint is `<dirpath>/<filename>`, and the command that resumes from it is printed.
     A second signal of `interrupts` (Ctrl-C pressed again) stops at once, without the save.
     With `requeue=true` inside a SLURM job, the job is also requeued (`scontrol requeue`), so
     it resumes with `ckpt_path=last` in the same run directory. For the signals in

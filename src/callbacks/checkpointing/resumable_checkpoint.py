@@ -1,5 +1,7 @@
-"""Periodic checkpoints that resume exactly wherever the step interval falls, with `last.ckpt`
-a second name of the newest one rather than a second copy."""
+"""Periodic checkpoints that resume exactly wherever the step interval falls.
+
+`last.ckpt` is a second name of the newest one rather than a second copy.
+"""
 
 import os
 from typing import Any
@@ -11,9 +13,11 @@ from src.utils.files import link_atomically
 
 
 class ResumableCheckpoint(ModelCheckpoint):
-    """Lightning's ModelCheckpoint, except that a save due after an epoch's last batch
-    (`every_n_train_steps`) is written at the end of that epoch instead, after its validation,
-    and that `save_last="link"` makes `last.ckpt` a hard link (see `link_atomically`).
+    """Lightning's ModelCheckpoint, saving at the end of an epoch what is due after its last batch.
+
+    A save due after an epoch's last batch (`every_n_train_steps`) is written at the end of that
+    epoch instead, after its validation, and `save_last="link"` makes `last.ckpt` a hard link (see
+    `link_atomically`).
 
     Resumed from a checkpoint written after the last batch, Lightning starts the next epoch
     without running the end of the finished one: no validation, no `on_train_epoch_end`, so the

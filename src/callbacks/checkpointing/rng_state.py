@@ -51,8 +51,10 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 
 class RNGState(Callback):
-    """Checkpoints the RNG states and puts them back on resume, at the point of the loop where
-    they were saved."""
+    """Checkpoints the RNG states and puts them back on resume.
+
+    They are put back at the point of the loop where they were saved.
+    """
 
     def __init__(self):
         self._pending: dict[str, Any] | None = None

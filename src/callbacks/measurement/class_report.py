@@ -1,11 +1,14 @@
-"""What an image classifier's test got right class by class: a per-class accuracy table and the
-confusion matrix as a picture. A no-op for models without a test confusion matrix (LMs)."""
+"""What an image classifier's test got right class by class, as a table and as a picture.
+
+The table is each class's accuracy, the picture the confusion matrix. A no-op for models without
+a test confusion matrix (LMs).
+"""
 
 import csv
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -62,7 +65,8 @@ class ClassReport(Callback):
     def on_test_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not isinstance(pl_module, HasTestConfusionMatrix):
             return
-        metric = pl_module.test_confusion_matrix
+        # The matrix HasTestConfusionMatrix promises; nn.Module's __getattr__ types it loosely.
+        metric = cast(MulticlassConfusionMatrix, pl_module.test_confusion_matrix)
         confusion = metric.compute().cpu()  # on every rank: it gathers the other ranks' counts
         if confusion.sum() == 0:  # no test batch ran
             return

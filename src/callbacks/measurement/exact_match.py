@@ -1,5 +1,7 @@
-"""Exact-match accuracy of greedy answers on held-out prompts: what validation loss cannot say
-about a fine-tuned model."""
+"""Exact-match accuracy of greedy answers on held-out prompts.
+
+It says what validation loss cannot say about a fine-tuned model.
+"""
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -8,8 +10,10 @@ from src.utils.contracts import AnswersPrompts, ExactMatchData
 
 
 class ExactMatch(Callback):
-    """Logs `val/exact_match` and `test/exact_match`, the share of the datamodule's held-out
-    prompts that the model answers exactly (decoding greedily), after each validation and test.
+    """Logs `val/exact_match` and `test/exact_match` after each validation and test.
+
+    They are the share of the datamodule's held-out prompts that the model answers exactly
+    (decoding greedily).
 
     Active when the datamodule offers such prompts (`ExactMatchData`, e.g. SFT data) and the
     model answers them (`AnswersPrompts`); a no-op otherwise and during the sanity check. Each

@@ -1,5 +1,7 @@
-"""Pictures of a run in its directory: training and validation curves, throughput, and the final
-metrics in TensorBoard's HParams tab."""
+"""Pictures of a run in its directory: training and validation curves, throughput, final metrics.
+
+The final metrics go to TensorBoard's HParams tab.
+"""
 
 import logging
 import math
@@ -53,8 +55,10 @@ class Plots(Callback):
         self._epoch_end_step: int | None = None
 
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """The model graph in TensorBoard, for modules that give a sample input (classifiers;
-        tracing the LM is neither cheap nor warning-free)."""
+        """The model graph in TensorBoard, for modules that give a sample input.
+
+        Those are the classifiers; tracing the LM is neither cheap nor warning-free.
+        """
         sample = getattr(pl_module, "example_input_array", None)
         if not trainer.is_global_zero or not isinstance(sample, torch.Tensor):
             return
@@ -166,8 +170,10 @@ def quantity(key: str) -> str:
 
 
 def distinct_series(history: History) -> dict[str, list[tuple[int, float]]]:
-    """`history` with each series that equals an earlier one (by key order) folded into it,
-    under a label naming both: `train/acc = train/acc_epoch`."""
+    """`history` with each series that equals an earlier one (by key order) folded into it.
+
+    The series is kept under a label naming both: `train/acc = train/acc_epoch`.
+    """
     aliases: dict[str, list[str]] = {}  # first key of a series: every key holding it
     for key in sorted(history):
         twin = next((kept for kept in aliases if same_points(history[kept], history[key])), None)
@@ -193,8 +199,10 @@ def single_point_note(label: str) -> str:
 
 
 def plot_series(history: History, title: str, from_zero: bool = False) -> Figure:
-    """One panel per quantity, every distinct series of that quantity against the step
-    (`from_zero`: y axes start at 0, so that rates compare by height)."""
+    """One panel per quantity, every distinct series of that quantity against the step.
+
+    With `from_zero`, y axes start at 0, so that rates compare by height.
+    """
     panels: dict[str, dict[str, list[tuple[int, float]]]] = defaultdict(dict)
     for label, points in distinct_series(history).items():
         panels[quantity(label.split(" = ")[0])][label] = points

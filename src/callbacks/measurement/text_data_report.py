@@ -1,5 +1,7 @@
-"""What a text run's data looks like before it trains: sample lengths, token accounting, the
-tokenizer. A no-op for datamodules without token accounting (`ReportsTokenAccounting`: images)."""
+"""What a text run's data looks like before it trains: sample lengths, token accounting, tokenizer.
+
+A no-op for datamodules without token accounting (`ReportsTokenAccounting`: images).
+"""
 
 import json
 import logging
@@ -10,7 +12,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from matplotlib.figure import Figure
 
-from src.utils.contracts import ReportsTokenAccounting
+from src.utils.contracts import ReportsTokenAccounting, TokenizedData
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +53,7 @@ class TextDataReport(Callback):
         plot_lengths(
             accounting.lengths_before, accounting.lengths_after, datamodule.max_seq_len, path
         )
+        assert isinstance(datamodule, TokenizedData)  # text data: it has a tokenizer
         datamodule.tokenizer.save(self.dirpath / "tokenizer")
         log.info(
             "Training data: %d tokens, %d kept, %d truncated, %d dropped; %d rows, %.1f%% "
@@ -68,7 +71,7 @@ class TextDataReport(Callback):
 def plot_lengths(before: list[int], after: list[int], max_seq_len: int, path: Path) -> None:
     figure = Figure(figsize=(7, 3.5), layout="constrained")
     axes = figure.subplots()
-    bins = numpy.histogram_bin_edges(before or [0], bins=50)  # shared, so the bars compare
+    bins = numpy.histogram_bin_edges(before or [0], bins=50).tolist()  # shared, so the bars compare
     axes.hist(before, bins=bins, alpha=0.6, label=f"before ({len(before)} samples)")
     axes.hist(after, bins=bins, alpha=0.6, label=f"after the over-long policy ({len(after)})")
     axes.axvline(max_seq_len, color="black", linestyle="--", label=f"max_seq_len={max_seq_len}")

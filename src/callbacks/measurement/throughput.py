@@ -169,8 +169,11 @@ class Throughput(Callback):
         return {**metrics, **self.effective_batch}
 
     def _without_impossible_mfu(self, metrics: dict[str, float]) -> dict[str, float]:
-        """`metrics` with `perf/mfu` against the peak, unless it exceeds 1: then the peak is wrong
-        (e.g. measured while the machine was busy), and a wrong MFU is worse than none."""
+        """`metrics` with `perf/mfu` against the peak, unless it exceeds 1.
+
+        Above 1 the peak is wrong (e.g. measured while the machine was busy), and a wrong MFU is
+        worse than none.
+        """
         if self.peak is None or "perf/flops_per_s" not in metrics:
             return metrics
         mfu = metrics["perf/flops_per_s"] / self.peak.flops

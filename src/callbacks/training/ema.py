@@ -7,10 +7,12 @@ from lightning.pytorch.callbacks import EMAWeightAveraging
 
 
 class EMA(EMAWeightAveraging):
-    """Lightning's `EMAWeightAveraging`, whose averaged weights are also the ones tested after
-    fitting. Lightning keeps the average once `fit` is over, so `trainer.test(ckpt_path=...)` in
-    the same process (train.py) would otherwise load the checkpoint's raw weights
-    (`current_model_state`) instead of the averaged `state_dict`."""
+    """Lightning's `EMAWeightAveraging`, whose averaged weights are also tested after fitting.
+
+    Lightning keeps the average once `fit` is over, so `trainer.test(ckpt_path=...)` in the same
+    process (train.py) would otherwise load the checkpoint's raw weights (`current_model_state`)
+    instead of the averaged `state_dict`.
+    """
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage == "fit":

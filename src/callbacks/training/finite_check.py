@@ -16,8 +16,10 @@ class NonFiniteError(UserFacingError, FloatingPointError):
 
 
 class FiniteCheck(Callback):
-    """Raises NonFiniteError on a non-finite loss (before backward) or gradient (before the
-    optimizer step), so no checkpoint ever holds the corrupted weights."""
+    """Raises NonFiniteError on a non-finite loss or gradient, so no checkpoint holds bad weights.
+
+    The loss is checked before backward, the gradients before the optimizer step.
+    """
 
     def on_before_backward(
         self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor

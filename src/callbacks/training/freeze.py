@@ -2,6 +2,8 @@
 
 import fnmatch
 import logging
+from collections.abc import Sized
+from typing import cast
 
 from lightning.pytorch import LightningModule
 from lightning.pytorch.callbacks import BaseFinetuning
@@ -110,7 +112,7 @@ class FreezeLayers(BaseFinetuning):
         if self.train_last_n is None:
             return []
         path = self.layers or self._find_layers(pl_module)
-        layers = pl_module.get_submodule(path)
+        layers = cast(Sized, pl_module.get_submodule(path))  # a ModuleList (or Sequential)
         last = range(len(layers) - self.train_last_n, len(layers))
         return [f"{path}.{index}" for index in last]
 

@@ -13,8 +13,10 @@ from src.callbacks.measurement.plots import save_figure
 
 
 class LRFinder(LearningRateFinder):
-    """Lightning's `LearningRateFinder` for modules that keep the learning rate in their optimizer
-    config rather than in an `lr` attribute (as `ImageClassifier` does).
+    """Lightning's `LearningRateFinder` for modules that keep the learning rate in their config.
+
+    The rate is in their optimizer config rather than in an `lr` attribute (as `ImageClassifier`
+    does).
 
     Before fitting, the range test trains `num_training_steps` steps at rates rising from `min_lr`
     to `max_lr`, then restores the weights. The suggestion (steepest loss descent) is printed,

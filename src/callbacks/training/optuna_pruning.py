@@ -1,5 +1,8 @@
-"""Reports a trial's metric to its Optuna study after every validation and stops the run early
-when the study's pruner gives up on the trial (hparams_search=optuna adds it to every trial)."""
+"""Reports a trial's metric to its Optuna study after every validation; stops pruned trials.
+
+The run stops early when the study's pruner gives up on the trial (hparams_search=optuna adds it
+to every trial).
+"""
 
 import logging
 

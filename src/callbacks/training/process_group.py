@@ -12,10 +12,11 @@ def destroy_process_group() -> None:
 
 
 class DestroyProcessGroupAtExit(Callback):
-    """Lightning destroys the process group at exit for NCCL only. A gloo group left to
-    interpreter shutdown can abort a rank that finished cleanly (SIGABRT after "terminate
-    called without an active exception"): its worker thread may still be freeing the last
-    collective's tensors when Python stops handing out the GIL. Destroying the group from
+    """Destroys the process group at exit whatever its backend: Lightning does so for NCCL only.
+
+    A gloo group left to interpreter shutdown can abort a rank that finished cleanly (SIGABRT
+    after "terminate called without an active exception"): its worker thread may still be freeing
+    the last collective's tensors when Python stops handing out the GIL. Destroying the group from
     atexit, before shutdown starts, joins that thread first.
 
     `setup` runs in every rank once its process group exists, including the processes that

@@ -1,5 +1,7 @@
-"""Token columns for `Dataset.map`: flat arrays of token ids and lengths in, Arrow list columns
-out, so that a batch of documents never becomes Python lists of ints."""
+"""Token columns for `Dataset.map`: flat arrays of token ids and lengths in, Arrow lists out.
+
+Arrow list columns come out, so that a batch of documents never becomes Python lists of ints.
+"""
 
 import numpy as np
 import pyarrow as pa

@@ -1,5 +1,7 @@
-"""Local corpora as Hugging Face `datasets` tables (Arrow, memory-mapped): `.txt` files cut into
-documents, `.jsonl`/`.json` and `.parquet` files read as they are, from files, globs or folders.
+"""Local corpora as Hugging Face `datasets` tables (Arrow, memory-mapped).
+
+`.txt` files are cut into documents, `.jsonl`/`.json` and `.parquet` files read as they are, from
+files, globs or folders.
 
 Bad input stops with a one-line `DataError` naming the file and the line or row.
 """
@@ -32,8 +34,10 @@ datasets.logging.set_verbosity(datasets.logging.CRITICAL)
 
 
 def resolve_files(paths: list[str], key: str = "data.paths") -> list[Path]:
-    """The files `paths` name, in order: files as given, globs and folders (their files of a
-    known format, not recursing) in name order."""
+    """The files `paths` name, in order.
+
+    Files as given, globs and folders (their files of a known format, not recursing) in name order.
+    """
     found: list[Path] = []
     for entry in paths:
         path = Path(entry)
@@ -54,10 +58,12 @@ def resolve_files(paths: list[str], key: str = "data.paths") -> list[Path]:
 
 
 def resolve_stream_files(paths: list[str], key: str = "data.paths") -> list[str]:
-    """The files a stream reads, in order: local entries as `resolve_files` finds them, and
-    URLs (`s3://`, `gs://`, `hf://`, any protocol of an installed fsspec filesystem) listed
-    through fsspec the same way: a file as given, a glob's or a folder's files of a known
-    format in name order."""
+    """The files a stream reads, in order.
+
+    Local entries as `resolve_files` finds them, and URLs (`s3://`, `gs://`, `hf://`, any protocol
+    of an installed fsspec filesystem) listed through fsspec the same way: a file as given, a
+    glob's or a folder's files of a known format in name order.
+    """
     found: list[str] = []
     for entry in paths:
         if "://" not in str(entry):
@@ -92,8 +98,10 @@ def file_exists(url: str) -> bool:
 
 
 def content_fingerprint(files: list[Path]) -> str:
-    """A hash of the files' names and contents, read in chunks (xxh3-128: a 1 GB corpus in a
-    tenth of a second, where SHA-256 takes a second)."""
+    """A hash of the files' names and contents, read in chunks.
+
+    xxh3-128: a 1 GB corpus in a tenth of a second, where SHA-256 takes a second.
+    """
     digest = xxhash.xxh3_128()
     for path in files:
         digest.update(path.name.encode() + b"\0")
@@ -105,11 +113,14 @@ def content_fingerprint(files: list[Path]) -> str:
 def read_documents(
     files: list[Path], separator: re.Pattern | None, text_field: str, work_dir: Path
 ) -> datasets.Dataset:
-    """One row per non-empty document, in a column `text`: `.txt` files cut by `separator`
-    (None: a file is a document) and stripped, JSON and Parquet rows' `text_field`."""
+    """One row per non-empty document, in a column `text`.
+
+    `.txt` files cut by `separator` (None: a file is a document) and stripped, JSON and Parquet
+    rows' `text_field`.
+    """
     parts = []
-    for number, (kind, group) in enumerate(itertools.groupby(files, lambda p: FORMATS[p.suffix])):
-        group = list(group)
+    for number, (kind, run) in enumerate(itertools.groupby(files, lambda p: FORMATS[p.suffix])):
+        group = list(run)
         if kind == "text":
             parts += read_text_files(group, separator, work_dir / f"text-{number}")
             continue
@@ -141,13 +152,17 @@ def check_text_field(path: Path | str, text_field: str, columns: list[str]) -> N
 def read_text_files(
     files: list[Path], separator: re.Pattern | None, folder: Path
 ) -> list[datasets.Dataset]:
-    """`.txt` documents written to Arrow files of about `PART_BYTES` each, which `datasets`
-    maps. Cut here, because the `text` builder of `datasets` cuts only at lines or at exactly
-    two newlines; in parts, so that tokenising one part at a time keeps no more than one
-    part's pages resident (see `separately_mapped_parts`)."""
+    """`.txt` documents written to Arrow files of about `PART_BYTES` each, which `datasets` maps.
+
+    Cut here, because the `text` builder of `datasets` cuts only at lines or at exactly two
+    newlines; in parts, so that tokenising one part at a time keeps no more than one part's pages
+    resident (see `separately_mapped_parts`).
+    """
     schema = pa.schema([("text", pa.string())])
     folder.mkdir(parents=True, exist_ok=True)
-    paths, writer, written = [], None, PART_BYTES
+    paths: list[Path] = []
+    writer: pa.RecordBatchStreamWriter | None = None
+    written = PART_BYTES
     try:
         for path in files:
             for documents in text_documents(path, separator):
@@ -156,6 +171,7 @@ def read_text_files(
                         writer.close()
                     paths.append(folder / f"part-{len(paths):05d}.arrow")
                     writer, written = pa.ipc.new_stream(str(paths[-1]), schema), 0
+                assert writer is not None  # written starts at PART_BYTES: the first batch opens one
                 batch = pa.record_batch([pa.array(documents, pa.large_string())], schema)
                 writer.write_batch(batch)
                 written += batch.nbytes
@@ -166,9 +182,10 @@ def read_text_files(
 
 
 def separately_mapped_parts(corpus: datasets.Dataset) -> Iterator[datasets.Dataset]:
-    """`corpus` as one Dataset per Arrow file, each opened with a map of its own when the
-    previous one is done, when the corpus is exactly those files in order (the `.txt` parts);
-    else `corpus` itself.
+    """`corpus` as one Dataset per Arrow file, each opened with a map of its own in turn.
+
+    A file is opened when the previous one is done. That takes a corpus of exactly those files in
+    order (the `.txt` parts); any other corpus comes back as it is.
 
     A page of a memory-mapped file counts in the process's resident memory from when it is
     read until the map is closed: tokenising a 1 GB corpus through one map would end with all
@@ -193,8 +210,10 @@ def _is_concatenation_of(corpus: datasets.Dataset, files: list[str]) -> bool:
 
 
 def text_documents(path: Path | str, separator: re.Pattern | None) -> Iterator[list[str]]:
-    """The stripped, non-empty documents of one file, a chunk of the file at a time: the text
-    after a chunk's last separator is carried into the next chunk."""
+    """The stripped, non-empty documents of one file, a chunk of the file at a time.
+
+    The text after a chunk's last separator is carried into the next chunk.
+    """
     decoder = codecs.getincrementaldecoder("utf-8")()
     carried, lines = "", 0
     with open_file(str(path)) as file:
@@ -218,8 +237,10 @@ def text_documents(path: Path | str, separator: re.Pattern | None) -> Iterator[l
 
 
 def read_records(files: list[Path], kind: str, work_dir: Path) -> datasets.Dataset:
-    """JSON lines or Parquet rows through `datasets.load_dataset`, its errors named by file and
-    line (JSON) or file (Parquet)."""
+    """JSON lines or Parquet rows through `datasets.load_dataset`, its errors named by file.
+
+    A JSON error names the file and the line, a Parquet error the file.
+    """
     try:
         return datasets.load_dataset(
             kind, data_files=[str(p) for p in files], split="train", cache_dir=str(work_dir)
@@ -251,8 +272,10 @@ def _check_json_lines(path: Path) -> None:
 
 
 def _check_parquet(path: Path) -> None:
-    """Raise a DataError naming `path` when it is not a Parquet file or a row group of it does
-    not decode, with the row group's first row."""
+    """Raise a DataError naming `path` when it is not a Parquet file or a row group won't decode.
+
+    A row group that does not decode is named by its first row.
+    """
     try:
         file = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as error:

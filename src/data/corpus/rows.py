@@ -1,5 +1,7 @@
-"""Datasets over a token store: rows (and batches of rows) read from memory-mapped tokens on
-demand, as the `Sample`s that `collate_rows` turns into a batch."""
+"""Datasets over a token store: rows, and batches of rows, read from memory-mapped tokens.
+
+Rows are read on demand, as the `Sample`s that `collate_rows` turns into a batch.
+"""
 
 from collections.abc import Sequence
 from typing import Protocol
@@ -21,8 +23,10 @@ class ReadsTokens(Protocol):
 
 
 class PackedRows(Dataset):
-    """Item i is row i: the samples that share it (one sample when not packing). `pieces.sample`
-    are document indices of `store`."""
+    """Item i is row i: the samples that share it (one sample when not packing).
+
+    `pieces.sample` are document indices of `store`.
+    """
 
     def __init__(self, store: ReadsTokens, pieces: Pieces, rows: Rows):
         self.store = store
@@ -44,12 +48,12 @@ class PackedRows(Dataset):
         end = begin + int(pieces.length[index])
         continues = pieces.continued and end < store.offsets[document + 1]
         # A continued piece reads one token more: the next piece's first, its last target.
-        tokens, targets = store.read(begin, end + int(continues))
-        tokens = torch.from_numpy(tokens.astype(np.int64))
-        if targets is None:
+        ids, mask = store.read(begin, end + int(continues))
+        tokens = torch.from_numpy(ids.astype(np.int64))
+        if mask is None:
             targets = torch.ones(len(tokens), dtype=torch.bool)
         else:
-            targets = torch.from_numpy(targets != 0)
+            targets = torch.from_numpy(mask != 0)
         next_token = IGNORE_INDEX
         if continues:
             if targets[-1]:
@@ -66,7 +70,7 @@ class PackedRows(Dataset):
         return self.rows.lengths(self.pieces.length)
 
 
-class PieceList(Sequence):
+class PieceList(Sequence[Sample]):
     """The pieces of a `PackedRows` as a sequence of `Sample`s, none held in memory."""
 
     def __init__(self, rows: PackedRows):
@@ -75,7 +79,7 @@ class PieceList(Sequence):
     def __len__(self) -> int:
         return len(self.rows.pieces)
 
-    def __getitem__(self, index: int) -> Sample:
+    def __getitem__(self, index: int) -> Sample:  # type: ignore[override]  # ints only, no slices
         if not -len(self) <= index < len(self):
             raise IndexError(index)
         return self.rows.piece(index % len(self))

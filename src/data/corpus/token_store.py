@@ -1,5 +1,7 @@
-"""A tokenised corpus on disk, memory-mapped: the token ids of every document back to back, where
-each document starts, and (for SFT) which tokens are training targets.
+"""A tokenised corpus on disk, memory-mapped.
+
+It holds the token ids of every document back to back, where each document starts, and (for SFT)
+which tokens are training targets.
 
 A store is a folder `store-<key>` holding
 
@@ -94,8 +96,10 @@ class TokenStore:
         return np.diff(self.offsets)
 
     def read(self, begin: int, end: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Tokens [begin, end) and their target flags (None without targets), read from the
-        files rather than through the maps (see `PositionalReader`)."""
+        """Tokens [begin, end) and their target flags (None without targets).
+
+        They are read from the files rather than through the maps (see `PositionalReader`).
+        """
         tokens = self._read("tokens.bin", begin, end, self.tokens.dtype)
         if self.targets is None:
             return tokens, None
@@ -112,7 +116,7 @@ class TokenStore:
         return {"folder": self.folder, "manifest": self.manifest}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["folder"], state["manifest"])
+        TokenStore.__init__(self, state["folder"], state["manifest"])
 
 
 class StoreWriter:
@@ -132,6 +136,7 @@ class StoreWriter:
         """Documents whose tokens (and targets) are back to back in `tokens`, `lengths` long."""
         self._write("tokens.bin", tokens.astype(self.dtype, copy=False))
         if "targets.bin" in self.files:
+            assert targets is not None, "a store with targets takes them with every batch"
             self._write("targets.bin", targets.astype(np.uint8, copy=False))
         self.lengths.append(lengths.astype(np.int64, copy=False))
 
@@ -205,14 +210,18 @@ def load_or_build(
 
 
 def builder_name() -> str:
-    """This process on this host: the suffix of the staging folders it writes (nodes may share
-    the cache folder)."""
+    """This process on this host: the suffix of the staging folders it writes.
+
+    The host is in it because nodes may share the cache folder.
+    """
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def remove_stale_staging(cache_dir: Path) -> None:
-    """Remove the staging and work folders that builders on this host left when they were
-    killed: those whose process is gone. Other hosts' folders are left alone."""
+    """Remove the staging and work folders that killed builders on this host left.
+
+    Those are the folders whose process is gone. Other hosts' folders are left alone.
+    """
     host = re.escape(socket.gethostname())
     pattern = re.compile(rf"\.(?:store-\w+\.(?:tmp|old)|work)-{host}-(\d+)(?:\..*)?")
     for entry in cache_dir.iterdir() if cache_dir.is_dir() else ():

@@ -1,5 +1,7 @@
-"""Tokenizers for the text datamodules: bytes (no files), a BPE trained here on the training
-text, or a pretrained Hugging Face tokenizer from a local folder (e.g. a Qwen checkpoint's).
+"""Tokenizers for the text datamodules: bytes, a BPE trained here, or a pretrained one.
+
+The byte tokenizer needs no files, the BPE is trained on the training text, and the pretrained one
+is a Hugging Face tokenizer from a local folder (e.g. a Qwen checkpoint's).
 
 All three share one small interface: `encode`, `encode_batch` (many texts at once, as flat
 arrays), `decode`, `vocab_size`, `eos_token_id`,
@@ -41,8 +43,10 @@ class ByteTokenizer:
         return list(text.encode("utf-8"))
 
     def encode_batch(self, texts: list[str] | pa.Array) -> tuple[np.ndarray, np.ndarray]:
-        """(token ids back to back, one length per text): an Arrow array's UTF-8 buffer is the
-        answer already, read without a copy."""
+        """(token ids back to back, one length per text) of `texts`.
+
+        An Arrow array's UTF-8 buffer is the answer already, read without a copy.
+        """
         texts = _as_large_strings(texts)
         offsets = np.frombuffer(texts.buffers()[1], np.int64)[texts.offset :][: len(texts) + 1]
         data = texts.buffers()[2]
@@ -95,8 +99,10 @@ class FileTokenizer:
 
 
 def load_pretrained(folder: str | Path, eos_token: str | None = None) -> FileTokenizer:
-    """The tokenizer saved in a Hugging Face model folder (`tokenizer.json`), ending documents
-    with `eos_token`, or else the one its `tokenizer_config.json` names."""
+    """The tokenizer saved in a Hugging Face model folder (`tokenizer.json`).
+
+    It ends documents with `eos_token`, or else with the one its `tokenizer_config.json` names.
+    """
     folder = Path(folder)
     path = folder / "tokenizer.json"
     if not path.is_file():
@@ -140,9 +146,11 @@ def build_tokenizer(
     cache_dir: Path | None = None,
     cache_key: str = "",
 ):
-    """The tokenizer `kind` names: `byte`, `bpe` (trained on `training_texts`, or loaded from the
-    cache when the same texts trained one before), `pretrained` (the folder `path`), or `auto`:
-    pretrained when `path` is set, else byte."""
+    """The tokenizer `kind` names: `byte`, `bpe`, `pretrained` or `auto`.
+
+    `bpe` is trained on `training_texts`, or loaded from the cache when the same texts trained one
+    before; `pretrained` is the folder `path`; `auto` is pretrained when `path` is set, else byte.
+    """
     if kind not in TOKENIZER_KINDS:
         raise ConfigError(f"data.tokenizer.kind={kind!r} is not one of {TOKENIZER_KINDS}")
     if kind == "auto":
@@ -162,6 +170,7 @@ def build_tokenizer(
         if (folder / "tokenizer.json").is_file():
             return load_pretrained(folder)
     log.info("Training a BPE tokenizer with %d tokens on the training text", vocab_size)
+    assert training_texts is not None, "a BPE tokenizer is trained on training_texts"
     tokenizer = train_bpe(training_texts, vocab_size)
     if folder is not None:
         tokenizer.save(folder)

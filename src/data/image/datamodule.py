@@ -1,8 +1,8 @@
 """Shared machinery of the image classification datamodules: transforms, splits and loaders."""
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sized
+from typing import Any, cast
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -32,7 +32,7 @@ class TransformedDataset(Dataset):
         self.transform = transform
 
     def __len__(self) -> int:
-        return len(self.dataset)
+        return len(cast(Sized, self.dataset))  # the raw splits are map-style: they have a length
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image, label = self.dataset[index]
@@ -47,10 +47,11 @@ def precompute(dataset: Dataset, transform: Transform | None) -> TensorDataset:
     """
     tensors = _backing_tensors(dataset)
     if tensors is not None:
-        images, labels = tensors
-        return TensorDataset(transform(images) if transform else images, labels)
-    images, labels = [], []
-    for image, label in dataset:
+        all_images, all_labels = tensors
+        return TensorDataset(transform(all_images) if transform else all_images, all_labels)
+    images: list[torch.Tensor] = []
+    labels: list[int] = []
+    for image, label in iter(dataset):  # by index until IndexError: Dataset has no __iter__
         images.append(transform(image) if transform else image)
         labels.append(label)
     return TensorDataset(torch.stack(images), torch.as_tensor(labels))
@@ -193,7 +194,7 @@ class ImageDataModule(LightningDataModule, ABC):
 
     def _check_matches_config(self) -> None:
         for split, dataset in self.datasets.items():
-            if len(dataset) == 0:
+            if len(cast(Sized, dataset)) == 0:  # every split is map-style, with a length
                 raise DataError(
                     f"The {split} split of {type(self).__name__} is empty: the dataset has too "
                     f"few samples for data.val_fraction / data.test_fraction, or none at all."

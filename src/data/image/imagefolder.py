@@ -59,8 +59,10 @@ class ImageFolderDataModule(ImageDataModule):
 
 
 def image_classes(data_dir: str) -> int:
-    """The number of classes of an image folder: its class sub-folders, or those of its
-    `train/` folder. The resolver behind `num_classes: ${image_classes:${.data_dir}}`."""
+    """The number of classes of an image folder: its class sub-folders, or its `train/` folder's.
+
+    The resolver behind `num_classes: ${image_classes:${.data_dir}}`.
+    """
     root = Path(data_dir)
     check_is_folder(root)
     if (root / "train").is_dir():

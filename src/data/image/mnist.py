@@ -36,12 +36,13 @@ class MNISTDataModule(ImageDataModule):
     def __init__(self, data_dir: str, dataset: str = "MNIST", download: bool = True, **kwargs):
         super().__init__(**kwargs)
         self.data_dir = Path(data_dir)
-        self.dataset_class = getattr(torchvision.datasets, dataset, None)
-        if self.dataset_class is None or not hasattr(self.dataset_class, "resources"):
+        dataset_class = getattr(torchvision.datasets, dataset, None)
+        if dataset_class is None or not hasattr(dataset_class, "resources"):
             raise ConfigError(
                 f"data.dataset={dataset!r} is not an MNIST-format torchvision dataset; "
                 f"use MNIST, FashionMNIST or KMNIST."
             )
+        self.dataset_class: type[torchvision.datasets.MNIST] = dataset_class
         self.download = download
 
     @property
@@ -67,9 +68,9 @@ class MNISTDataModule(ImageDataModule):
 
     def load_splits(self) -> dict[str, Dataset]:
         self.prepare_data()
-        train = self._tensor_dataset(train=True)
+        data = self._tensor_dataset(train=True)
         test = self._tensor_dataset(train=False)
-        train, val = split_off(train, self.val_fraction, self.split_seed)
+        train, val = split_off(data, self.val_fraction, self.split_seed)
         return {"train": train, "val": val, "test": test}
 
     def _tensor_dataset(self, train: bool) -> TensorDataset:
@@ -98,8 +99,11 @@ class MNISTDataModule(ImageDataModule):
 
 
 def unpack(gz: Path) -> None:
-    """Unpack `<name>.gz` to `<name>` beside it, whole or not at all: a truncated archive is
-    named, and leaves no partial file that a later run would take for the data."""
+    """Unpack `<name>.gz` to `<name>` beside it, whole or not at all.
+
+    A truncated archive is named, and leaves no partial file that a later run would take for the
+    data.
+    """
 
     def copy(file) -> None:
         with gzip.open(gz, "rb") as archive:

@@ -1,5 +1,6 @@
 """A datamodule over users' own arrays: in-memory tensors, or a .npz / .pt file of them."""
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -38,12 +39,19 @@ class TensorDataModule(ImageDataModule):
         self.test_fraction = test_fraction
 
     def load_splits(self) -> dict[str, Dataset]:
-        arrays = self.arrays if self.arrays is not None else load_arrays(Path(self.path))
-        train = _tensor_dataset(arrays, "x", "y")
-        test = _tensor_dataset(arrays, "x_test", "y_test")
+        arrays: Mapping[str, torch.Tensor | np.ndarray | None]
+        if self.arrays is not None:
+            arrays = self.arrays
+        else:
+            assert self.path is not None  # __init__ keeps no arrays only when a path is given
+            arrays = load_arrays(Path(self.path))
+        given = _tensor_dataset(arrays, "x", "y")
+        assert given is not None  # __init__ and load_arrays make sure that x and y are there
+        train: Dataset = given
+        test: Dataset | None = _tensor_dataset(arrays, "x_test", "y_test")
         if test is None:
             train, test = split_off(train, self.test_fraction, self.split_seed)
-        val = _tensor_dataset(arrays, "x_val", "y_val")
+        val: Dataset | None = _tensor_dataset(arrays, "x_val", "y_val")
         if val is None:
             train, val = split_off(train, self.val_fraction, self.split_seed)
         return {"train": train, "val": val, "test": test}
@@ -71,7 +79,9 @@ def load_arrays(path: Path) -> dict[str, torch.Tensor]:
     return arrays
 
 
-def _tensor_dataset(arrays: dict, x_key: str, y_key: str) -> TensorDataset | None:
+def _tensor_dataset(
+    arrays: Mapping[str, torch.Tensor | np.ndarray | None], x_key: str, y_key: str
+) -> TensorDataset | None:
     if arrays.get(x_key) is None:
         return None
     x, y = torch.as_tensor(arrays[x_key]), torch.as_tensor(arrays[y_key]).long()

@@ -1,5 +1,6 @@
-"""Does packing change what a model computes? The checks behind the packing tests and
-`scripts/check_packing.py`, each returning the largest difference it finds.
+"""Checks of whether packing changes what a model computes, each returning the largest difference.
+
+They are the checks behind the packing tests and `scripts/check_packing.py`.
 
 The same documents go through the real data path (`collate_rows`) twice: packed into shared
 rows, and padded one per row (the reference). A model that honours `cu_seqlens` and
@@ -37,7 +38,9 @@ TOLERANCES = {
 def random_documents(vocab_size: int, lengths: Sequence[int], seed: int = 0) -> list[Sample]:
     generator = torch.Generator().manual_seed(seed)
     return [
-        Sample(torch.randint(0, vocab_size, (n,), generator=generator), torch.ones(n, dtype=bool))
+        Sample(
+            torch.randint(0, vocab_size, (n,), generator=generator), torch.ones(n, dtype=torch.bool)
+        )
         for n in lengths
     ]
 
@@ -145,9 +148,12 @@ def run_checks(model: nn.Module, documents: list[Sample], row_length: int) -> di
 
 @torch.no_grad()
 def leak_canary(model: nn.Module, batch: dict) -> float:
-    """Change every token of the first document that has another one after it in its row;
-    return how far the logits of the batch's other real tokens moved (0.0 when documents are
-    isolated)."""
+    """How far the other documents' logits move when one document's tokens all change.
+
+    Every token of the first document that has another one after it in its row is changed; the
+    result is how far the logits of the batch's other real tokens moved (0.0 when documents are
+    isolated).
+    """
     index = batch["document_index"]
     rows = [int(torch.nonzero(index == d)[0, 0]) for d in range(int(index.max()) + 1)]
     canary = next(d for d in range(len(rows) - 1) if rows[d] == rows[d + 1])

@@ -1,5 +1,7 @@
-"""One collate function for packed and padded text batches: everything the model and the loss
-need is derived here from one source of truth, the per-row document lengths.
+"""One collate function for packed and padded text batches, derived from the document lengths.
+
+Everything the model and the loss need is derived here from one source of truth, the per-row
+document lengths.
 
 For a batch of B rows of T token slots, each row holding one or more documents followed by
 padding:
@@ -61,8 +63,8 @@ def collate_rows(
             start = end
         offsets[b, start:] = row[-1].position_offset  # padding continues the last document
     document_lengths = torch.zeros(batch, max(map(len, lengths)), dtype=torch.long)
-    for b, row in enumerate(lengths):
-        document_lengths[b, : len(row)] = torch.tensor(row)
+    for b, row_lengths in enumerate(lengths):
+        document_lengths[b, : len(row_lengths)] = torch.tensor(row_lengths)
     metadata = document_metadata(document_lengths, row_length)
     return {
         "input_ids": input_ids,
@@ -75,8 +77,10 @@ def collate_rows(
 
 
 def document_metadata(document_lengths: torch.Tensor, row_length: int) -> dict[str, torch.Tensor]:
-    """`position_ids`, `cu_seqlens` and `document_index` of rows with these document lengths
-    ([B, D], zero after each row's last document)."""
+    """`position_ids`, `cu_seqlens` and `document_index` of rows with these document lengths.
+
+    `document_lengths` is [B, D], zero after each row's last document.
+    """
     batch = document_lengths.shape[0]
     real = document_lengths.sum(1)
     documents_per_row = (document_lengths > 0).sum(1)
@@ -103,9 +107,11 @@ def shifted_labels(
     next_tokens: torch.Tensor,
     document_index: torch.Tensor,
 ) -> torch.Tensor:
-    """labels[t] = input_ids[t + 1] where t + 1 is in t's document and is a target; at a
-    document's last position, `next_tokens` (the continuation of a split sample, else
-    IGNORE_INDEX)."""
+    """labels[t] = input_ids[t + 1] where t + 1 is in t's document and is a target.
+
+    At a document's last position, `next_tokens` (the continuation of a split sample, else
+    IGNORE_INDEX).
+    """
     following = torch.cat(
         (input_ids[:, 1:], torch.full_like(input_ids[:, :1], IGNORE_INDEX)), dim=1
     )

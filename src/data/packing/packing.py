@@ -1,5 +1,6 @@
-"""Packing tokenised samples into rows of `max_seq_len` tokens, without ever breaking one apart
-unless asked to, on arrays of lengths: nothing here touches a token.
+"""Packing tokenised samples into rows of `max_seq_len` tokens, on arrays of their lengths.
+
+No sample is ever broken apart unless asked to, and nothing here touches a token.
 
 `fit_to_length` applies the over-long policy and returns the `Pieces` that will be trained on
 (document, start, length); `pack` groups them into `Rows` (index arrays). What the model sees
@@ -13,7 +14,7 @@ accounting (kept, truncated, dropped) that the over-long policies need.
 
 import array
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,8 +48,10 @@ class Sample:
 
 
 def index_dtype(largest: int) -> np.dtype:
-    """int32 for non-negative integers up to `largest` when it fits, else int64: the index
-    arrays of a corpus of millions of documents then take half the memory."""
+    """int32 for non-negative integers up to `largest` when it fits, else int64.
+
+    The index arrays of a corpus of millions of documents then take half the memory.
+    """
     return np.dtype(np.int32 if largest < 2**31 else np.int64)
 
 
@@ -89,9 +92,11 @@ class TokenAccounting:
 
 @dataclass(frozen=True)
 class Pieces:
-    """What is trained on: piece i is tokens [start[i], start[i] + length[i]) of sample
-    `sample[i]`. `continued`: pieces of one sample continue each other (the `split` policy),
-    so each but the last has the next piece's first token as its last target."""
+    """What is trained on: piece i is tokens [start[i], start[i] + length[i]) of `sample[i]`.
+
+    `continued`: pieces of one sample continue each other (the `split` policy), so each but the
+    last has the next piece's first token as its last target.
+    """
 
     sample: np.ndarray  # int32 or int64 (see `compact`)
     start: np.ndarray
@@ -156,8 +161,10 @@ def fit_to_length(
 
 
 def _split(lengths: np.ndarray, samples: np.ndarray, max_len: int) -> Pieces:
-    """The pieces of at most `max_len` tokens that cut each of `samples` (`lengths` long),
-    computed in place in compact dtypes: a corpus has millions of pieces."""
+    """The pieces of at most `max_len` tokens that cut each of `samples` (`lengths` long).
+
+    They are computed in place in compact dtypes: a corpus has millions of pieces.
+    """
     counts = -(-lengths // max_len)
     ends = np.cumsum(counts)  # one past each sample's last piece
     first = np.repeat(compact(ends - counts), counts)
@@ -187,6 +194,9 @@ class Rows:
         index %= len(self)
         return self.order[self.offsets[index] : self.offsets[index + 1]]
 
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
     def lengths(self, item_lengths: np.ndarray) -> np.ndarray:
         """The tokens in each row, given each item's length."""
         summed = np.concatenate(([0], np.cumsum(item_lengths[self.order])))
@@ -197,7 +207,7 @@ class Rows:
         return cls(compact(np.arange(count)), compact(np.arange(count + 1)))
 
 
-def pack(lengths: np.ndarray, capacity: int, strategy: str = "best_fit") -> Rows:
+def pack(lengths: np.ndarray | Sequence[int], capacity: int, strategy: str = "best_fit") -> Rows:
     """Group item indices into rows whose lengths sum to at most `capacity`.
 
     `best_fit`: best-fit decreasing, the longest item first into the fullest row it still
@@ -220,8 +230,11 @@ def pack(lengths: np.ndarray, capacity: int, strategy: str = "best_fit") -> Rows
 
 
 class _OpenRows:
-    """Rows with free space, in buckets by free tokens; each bucket is kept as chunks of row
-    ids and sorted only when rows are taken from it (the earliest rows first)."""
+    """Rows with free space, in buckets by free tokens.
+
+    Each bucket is kept as chunks of row ids and sorted only when rows are taken from it (the
+    earliest rows first).
+    """
 
     def __init__(self):
         self.buckets: dict[int, list[np.ndarray]] = {}
@@ -254,10 +267,12 @@ class _OpenRows:
 
 
 def _best_fit_decreasing(lengths: np.ndarray, capacity: int) -> Rows:
-    """Items of one length are placed together: the tightest rows that fit take them in row
-    order, each as many as it holds, and what is left opens new rows. This places every item
-    where the one-at-a-time algorithm would, in O(n log n) and a loop over distinct lengths
-    and free sizes rather than over items."""
+    """Best-fit decreasing, with the items of one length placed together.
+
+    The tightest rows that fit take them in row order, each as many as it holds, and what is
+    left opens new rows. This places every item where the one-at-a-time algorithm would, in
+    O(n log n) and a loop over distinct lengths and free sizes rather than over items.
+    """
     order = compact(np.argsort(-lengths, kind="stable"))  # longest first, ties by index
     row_of = np.empty(len(order), dtype=order.dtype)  # of the items in `order`; rows <= items
     open_rows, row_count = _OpenRows(), 0
@@ -288,8 +303,11 @@ def _best_fit_decreasing(lengths: np.ndarray, capacity: int) -> Rows:
 
 
 def _greedy(lengths: np.ndarray, capacity: int) -> Rows:
-    """A row starting at item i ends before the first item whose end passes i's start plus
-    `capacity`; one search for every i, then a walk from row start to row start."""
+    """Greedy rows, found with one search for every item i, then a walk from row start to row start.
+
+    A row starting at item i ends before the first item whose end passes i's start plus
+    `capacity`.
+    """
     ends = np.cumsum(lengths)
     next_start = np.searchsorted(ends, ends - lengths + capacity, side="right")
     starts, index = array.array("q", [0]), 0

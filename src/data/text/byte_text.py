@@ -1,5 +1,8 @@
-"""Byte-level language modelling on one text file: UTF-8 bytes are the tokens, nothing to train,
-read from the file as rows are drawn, so that a file of any size trains in the same memory."""
+"""Byte-level language modelling on one text file: UTF-8 bytes are the tokens, nothing to train.
+
+The bytes are read from the file as rows are drawn, so that a file of any size trains in the
+same memory.
+"""
 
 import logging
 from pathlib import Path
@@ -10,7 +13,12 @@ from lightning.pytorch import LightningDataModule
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from src.data.corpus.tokenizers import ByteTokenizer, tokenizer_from_state, tokenizer_state
+from src.data.corpus.tokenizers import (
+    ByteTokenizer,
+    FileTokenizer,
+    tokenizer_from_state,
+    tokenizer_state,
+)
 from src.data.sampler import SplitLoaders, resumable_loader
 from src.data.splits import check_fractions, check_loader_options
 from src.utils.contracts import TOKENS
@@ -21,8 +29,10 @@ log = logging.getLogger(__name__)
 
 
 class TokenWindows(Dataset):
-    """Consecutive, non-overlapping windows of the token stream [begin, end) of a text file: its
-    UTF-8 bytes, then the end-of-text token. Read from the file on demand, never held.
+    """Consecutive, non-overlapping windows of the token stream [begin, end) of a text file.
+
+    The stream is the file's UTF-8 bytes, then the end-of-text token, read from the file on
+    demand, never held.
 
     Example i covers tokens [begin + i*T, begin + (i+1)*T]: `input_ids` are its first T tokens
     and `labels` its last T, already shifted, so labels[t] is the target at position t.
@@ -48,8 +58,9 @@ class TokenWindows(Dataset):
 
 
 class ByteTextDataModule(SplitLoaders, LightningDataModule):
-    """A text file as bytes, cut into fixed-length rows; batches are dicts of `input_ids` and
-    `labels` [B, max_seq_len].
+    """A text file as bytes, cut into fixed-length rows.
+
+    Batches are dicts of `input_ids` and `labels` [B, max_seq_len].
 
     The split is contiguous and deterministic: the file's first part trains, then come
     `val_fraction` for validation and `test_fraction` for testing, so no evaluated text sits
@@ -86,7 +97,7 @@ class ByteTextDataModule(SplitLoaders, LightningDataModule):
         self.fractions = {"val": val_fraction, "test": test_fraction}
         self.num_workers = num_workers
         self.shuffle_seed = shuffle_seed
-        self.tokenizer = ByteTokenizer()
+        self.tokenizer: ByteTokenizer | FileTokenizer = ByteTokenizer()  # or a checkpoint's
         self.datasets: dict[str, TokenWindows] = {}
 
     @property
@@ -115,8 +126,10 @@ class ByteTextDataModule(SplitLoaders, LightningDataModule):
                 )
 
     def state_dict(self) -> dict[str, Any]:
-        """What checkpoints keep of the datamodule: its tokenizer (bytes), as every text
-        datamodule's checkpoints do."""
+        """What checkpoints keep of the datamodule: its tokenizer (bytes).
+
+        Every text datamodule keeps its tokenizer in checkpoints.
+        """
         return {"tokenizer": tokenizer_state(self.tokenizer)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -65,8 +65,10 @@ def read_chat_template(folder: Path) -> str:
 
 
 class ChatTemplate:
-    """A tokenizer folder's chat template, rendering conversations into (text, supervised)
-    pieces. Picklable for `Dataset.map` workers: each loads the transformers tokenizer once."""
+    """A tokenizer folder's chat template, rendering conversations into (text, supervised) pieces.
+
+    Picklable for `Dataset.map` workers: each loads the transformers tokenizer once.
+    """
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -86,8 +88,10 @@ class ChatTemplate:
 
     @property
     def tokenizer(self):
-        """The transformers tokenizer of the folder: it supplies `apply_chat_template` and the
-        special tokens the template may name (`bos_token`, `eos_token`)."""
+        """The transformers tokenizer of the folder, which supplies `apply_chat_template`.
+
+        It also supplies the special tokens the template may name (`bos_token`, `eos_token`).
+        """
         if self._tokenizer is None:
             from transformers import PreTrainedTokenizerFast  # slow to import: when first used
 
@@ -97,8 +101,10 @@ class ChatTemplate:
         return self._tokenizer
 
     def render(self, conversations: list[Messages], wheres: list[str]) -> list[Pieces]:
-        """Each conversation's rendering as (text, supervised) pieces (see the module docstring);
-        `wheres` name the conversations in errors."""
+        """Each conversation's rendering as (text, supervised) pieces (see the module docstring).
+
+        `wheres` name the conversations in errors.
+        """
         chats = [[_plain(message) for message in turns] for turns in conversations]
         turns = [[i for i, m in enumerate(chat) if m["role"] == "assistant"] for chat in chats]
         fulls = self._render(chats, wheres, generation=False)
@@ -114,9 +120,11 @@ class ChatTemplate:
     def _render_prefixes(
         self, chats: list[Messages], turns: list[list[int]], wheres: list[str], generation: bool
     ) -> Iterator[str]:
-        """The renderings, in order and all in one call, of each assistant message's prompt
-        (`generation`: the messages before it and the generation prompt) or turn (the messages
-        through it; left out where that is the whole chat, already rendered)."""
+        """The renderings of each assistant message's prompt or turn, in order, in one call.
+
+        With `generation`, its prompt: the messages before it and the generation prompt; else its
+        turn: the messages through it (left out where that is the whole chat, already rendered).
+        """
         prefixes, owners = [], []
         for chat, ts, where in zip(chats, turns, wheres, strict=True):
             ends = ts if generation else [i + 1 for i in ts if i + 1 < len(chat)]
@@ -201,6 +209,8 @@ class ChatTemplate:
 
 
 def _plain(message: dict[str, Any]) -> dict[str, Any]:
-    """A message without the null fields that a dataset's shared schema adds to it (which
-    transformers 5 drops as well, and 4.x passes to the template)."""
+    """A message without the null fields that a dataset's shared schema adds to it.
+
+    transformers 5 drops them as well, and 4.x passes them to the template.
+    """
     return {key: value for key, value in message.items() if value is not None}

@@ -1,8 +1,9 @@
-"""What the text datamodules share: read the corpus through `datasets`, tokenise it once into a
-memory-mapped token store, fit the over-long samples of each split, pack or pad, and serve
-resumable batches whose metadata `collate_rows` derives. Which files the store holds, how its
-documents split and where the training rows come from is the datamodule's `source`
-(`src.data.text.token_source`).
+"""What the text datamodules share, from reading the corpus to serving resumable batches.
+
+They read the corpus through `datasets`, tokenise it once into a memory-mapped token store, fit
+the over-long samples of each split, pack or pad, and serve resumable batches whose metadata
+`collate_rows` derives. Which files the store holds, how its documents split and where the
+training rows come from is the datamodule's `source` (`src.data.text.token_source`).
 
 Subclasses say where the documents come from and how they become tokens: `source_files()`,
 `source_options()` (what else decides the tokens: how files are cut, the chat template),
@@ -34,7 +35,13 @@ from src.data.corpus.encoding import flat_column
 from src.data.corpus.readers import content_fingerprint, separately_mapped_parts
 from src.data.corpus.rows import BucketedBatches, PackedRows
 from src.data.corpus.token_store import StoreWriter, TokenStore, builder_name, load_or_build
-from src.data.corpus.tokenizers import build_tokenizer, tokenizer_from_state, tokenizer_state
+from src.data.corpus.tokenizers import (
+    ByteTokenizer,
+    FileTokenizer,
+    build_tokenizer,
+    tokenizer_from_state,
+    tokenizer_state,
+)
 from src.data.packing.collate import collate_rows
 from src.data.packing.packing import (
     Rows,
@@ -127,7 +134,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         self.prepare_data_per_node = prepare_per_node
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self._scratch: TemporaryDirectory | None = None  # the store's folder without cache_dir
-        self.tokenizer = None
+        self.tokenizer: ByteTokenizer | FileTokenizer | None = None  # from store() or a checkpoint
         self.token_store: TokenStore | None = None
         self.source: TokenSource = StoredSource(self)
 
@@ -149,12 +156,16 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     def encoder(self) -> Callable[[pa.Table, list[int]], pa.Table]: ...
 
     def tokenising_is_cheap(self) -> bool:
-        """Whether tokenising runs at memory speed, so that worker processes would only add
-        copies (then one process tokenises, whatever `num_proc` says)."""
+        """Whether tokenising runs at memory speed, so that worker processes would only add copies.
+
+        Then one process tokenises, whatever `num_proc` says.
+        """
         return False
 
     def describe(self, document: int) -> str:
         """How errors name a document of the store: its first words."""
+        assert self.token_store is not None  # errors name documents once they are stored
+        assert self.tokenizer is not None  # store() sets it with the store
         start = int(self.token_store.offsets[document])
         first = self.token_store.tokens[start : start + 80].tolist()
         return describe_text(self.tokenizer.decode(first))
@@ -165,17 +176,22 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     def vocab_size(self) -> int:
         if self.tokenizer is None:
             self.setup()
+        assert self.tokenizer is not None  # setup built the store, and with it the tokenizer
         return self.tokenizer.vocab_size
 
     def prepare_data(self) -> None:
-        """Build the token store before every rank's setup maps it (with a cache folder; without
-        one each rank builds its own)."""
+        """Build the token store before every rank's setup maps it, when there is a cache folder.
+
+        Without one each rank builds its own.
+        """
         if self.cache_dir is not None:
             self.store()
 
     def store(self) -> TokenStore:
-        """The token store of the source, tokenizer and options, built unless found; sets
-        `self.tokenizer` (trained or loaded) unless a checkpoint's state set it."""
+        """The token store of the source, tokenizer and options, built unless found.
+
+        Sets `self.tokenizer` (trained or loaded) unless a checkpoint's state set it.
+        """
         if self.token_store is not None:
             return self.token_store
         files = self.source.store_files()
@@ -222,6 +238,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         batch rather than mapped, and `.txt` corpora are tokenised a part at a time, so that
         neither leaves the corpus resident.
         """
+        assert self.tokenizer is not None  # store() sets it before writing
         writer = StoreWriter(staging, key, self.tokenizer.vocab_size, self.has_targets)
         for number, part in enumerate(separately_mapped_parts(corpus)):
             for batch in self._tokenised(part, f"{key}-{number}"):
@@ -232,8 +249,10 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         log.info("Tokenised %d documents into %s", len(corpus), staging.parent)
 
     def _tokenised(self, part: datasets.Dataset, fingerprint: str) -> Iterator[pa.RecordBatch]:
-        """The record batches `Dataset.map` writes for `part`, in row order, each file deleted
-        once read (the store keeps the tokens)."""
+        """The record batches `Dataset.map` writes for `part`, in row order.
+
+        Each file is deleted once read (the store keeps the tokens).
+        """
         cheap = self.tokenising_is_cheap()
         workers = 1 if cheap else min(self.num_proc, len(part) // ROWS_PER_WORKER)
         tokenized = part.with_format("arrow").map(
@@ -272,16 +291,19 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     def store_splits(
         self, store: TokenStore, splits: dict[str, np.ndarray]
     ) -> tuple[dict[str, PackedRows], dict[str, TokenAccounting]]:
-        """The rows of each split's documents of `store`, fitted to `max_seq_len` by `overlong`
-        and packed (or one a row), with what fitting did to their tokens."""
+        """The rows of each split's documents of `store`, with what fitting did to their tokens.
+
+        The documents are fitted to `max_seq_len` by `overlong` and packed (or one a row).
+        """
         lengths = store.lengths()
         rows, accounting = {}, {}
         for split, documents in splits.items():
+
+            def describe(i: int, documents: np.ndarray = documents) -> str:
+                return self.describe(int(documents[i]))
+
             pieces, accounting[split] = fit_to_length(
-                lengths[documents],
-                self.max_seq_len,
-                self.overlong,
-                describe=lambda i, documents=documents: self.describe(int(documents[i])),
+                lengths[documents], self.max_seq_len, self.overlong, describe=describe
             )
             if split != "test" and not len(pieces):
                 raise DataError(
@@ -302,8 +324,10 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         return self.source.packing_metrics()
 
     def row_metrics(self, lengths: np.ndarray, samples: int) -> dict[str, float]:
-        """The packing metrics of rows holding `lengths` real tokens and `samples` samples in
-        all: packed rows are `max_seq_len` slots; padded rows as long as their batch's longest."""
+        """The packing metrics of rows holding `lengths` real tokens and `samples` samples in all.
+
+        Packed rows are `max_seq_len` slots; padded rows as long as their batch's longest.
+        """
         if self.packing:
             slots = len(lengths) * self.max_seq_len
         else:  # padded in consecutive batches of this many rows (the shuffle changes little)
@@ -336,9 +360,12 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         return {} if self.tokenizer is None else {"tokenizer": tokenizer_state(self.tokenizer)}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Use the checkpoint's tokenizer. Lightning calls this after `setup` when it resumes: a
-        tokenizer that differs from the one setup built (a BPE retrained, a changed folder)
-        replaces it, and the documents are tokenised again with it."""
+        """Use the checkpoint's tokenizer.
+
+        Lightning calls this after `setup` when it resumes: a tokenizer that differs from the one
+        setup built (a BPE retrained, a changed folder) replaces it, and the documents are
+        tokenised again with it.
+        """
         if "tokenizer" not in state_dict:
             if self.tokenizer is None:
                 self.tokenizer = self._tokenizer_of_older_checkpoint()
@@ -352,9 +379,11 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
             log.warning("The checkpoint's tokenizer differs from this run's: tokenising again")
             self._set_up_source()
 
-    def _tokenizer_of_older_checkpoint(self):
-        """The tokenizer of a checkpoint from before tokenizers were kept in checkpoints, when
-        the config alone rebuilds it (bytes, or a pretrained folder)."""
+    def _tokenizer_of_older_checkpoint(self) -> ByteTokenizer | FileTokenizer:
+        """The tokenizer of a checkpoint from before tokenizers were kept in checkpoints.
+
+        That is possible when the config alone rebuilds it (bytes, or a pretrained folder).
+        """
         if self.tokenizer_options.get("kind", "auto") == "bpe":
             raise CheckpointError(
                 "The checkpoint predates tokenizers in checkpoints, and its BPE tokenizer was "
@@ -370,16 +399,18 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         return self.source.loader(split, batch_size, shuffle)
 
     def split_loader(self, rows: PackedRows, batch_size: int, shuffle: bool) -> StatefulDataLoader:
-        """The resumable loader of a split's stored rows (shuffled for training), of whole
-        batches of similar lengths with `bucket_by_length`."""
-        dataset: PackedRows | BucketedBatches = rows
+        """The resumable loader of a split's stored rows (shuffled for training).
+
+        With `bucket_by_length` it loads whole batches of similar lengths.
+        """
         if self.bucket_by_length:  # items are whole batches
-            dataset = BucketedBatches(rows, batch_size, self.split_seed, drop_last=shuffle)
-            batch_size = None
-        return resumable_loader(self, dataset, batch_size, shuffle, collate_fn=self.collate())
+            batches = BucketedBatches(rows, batch_size, self.split_seed, drop_last=shuffle)
+            return resumable_loader(self, batches, None, shuffle, collate_fn=self.collate())
+        return resumable_loader(self, rows, batch_size, shuffle, collate_fn=self.collate())
 
     def collate(self) -> Callable[[list], dict[str, torch.Tensor]]:
         """`collate_rows` for this module's rows: packed rows of `max_seq_len`, or padded."""
+        assert self.tokenizer is not None  # loaders are built after setup
         return partial(
             collate_rows,
             pad_id=self.tokenizer.pad_token_id,

@@ -22,11 +22,13 @@ DOCUMENT_SPLITS = {"blank_line": r"\n[ \t]*\n", "line": r"\n", "file": None}
 
 
 class TextDataModule(PackedTextDataModule):
-    """Documents from `paths`: `.txt` files cut by `document_split` (`blank_line`: paragraphs,
-    Tiny Shakespeare's speeches; `line`; `file`, one document per file; or a regular
-    expression), and the `text_field` of every row of `.jsonl`/`.json` and `.parquet` files.
-    A path may be a file, a glob or a folder (its files of those formats, in name order). Each
-    document is followed by the tokenizer's end-of-text token, the last target it is trained on.
+    """Documents from the `.txt`, `.jsonl`/`.json` and `.parquet` files of `paths`.
+
+    `.txt` files are cut by `document_split` (`blank_line`: paragraphs, Tiny Shakespeare's
+    speeches; `line`; `file`, one document per file; or a regular expression); the others give
+    the `text_field` of every row. A path may be a file, a glob or a folder (its files of those
+    formats, in name order). Each document is followed by the tokenizer's end-of-text token,
+    the last target it is trained on.
 
     Over-long documents are split by default: every token is trained on, and a continuation
     keeps its positions though it cannot attend to the piece before it.
@@ -80,8 +82,11 @@ class TextDataModule(PackedTextDataModule):
             yield from batch["text"]
 
     def tokenising_is_cheap(self) -> bool:
-        """Bytes are: their ids are the text's UTF-8 buffer (100 MB take 2.3 s in one process
-        and 5 s in two, measured in docs/BENCHMARKS.md's machine)."""
+        """Bytes are: their ids are the text's UTF-8 buffer.
+
+        100 MB take 2.3 s in one process and 5 s in two, measured in docs/BENCHMARKS.md's
+        machine.
+        """
         return isinstance(self.tokenizer, ByteTokenizer)
 
     def encoder(self):

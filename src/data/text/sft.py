@@ -11,7 +11,7 @@ chat template of the tokenizer folder (`src.data.text.chat_template`).
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -39,10 +39,11 @@ TOKENIZER_TEMPLATE = "tokenizer"  # data.template=tokenizer: the tokenizer folde
 
 
 class SFTDataModule(PackedTextDataModule):
-    """Conversations from JSONL or Parquet files (`path`: a file, a glob or a folder), or, when
-    `path` is null, the synthetic instruction set of `src.data.text.synthetic_sft`
-    (`synthetic_count` examples by `synthetic_seed`, written to the cache folder so it can be
-    read).
+    """Conversations from JSONL or Parquet files, or the synthetic instruction set.
+
+    `path` is a file, a glob or a folder; when it is null, the conversations are the synthetic
+    instruction set of `src.data.text.synthetic_sft` (`synthetic_count` examples by
+    `synthetic_seed`, written to the cache folder so it can be read).
 
     `template` renders each turn: `system` and `user` are format strings of `{content}`;
     `assistant` is the text before an answer. `template="tokenizer"` renders with the chat
@@ -73,6 +74,7 @@ class SFTDataModule(PackedTextDataModule):
                 "prompts; choose truncate, drop or raise, or set data.allow_split=true"
             )
         self.chat_template: ChatTemplate | None = None
+        self.template: dict[str, str] | str  # format strings, or TOKENIZER_TEMPLATE
         if isinstance(template, str):
             self._check_tokenizer_template(template)
             self.template = template
@@ -101,7 +103,7 @@ class SFTDataModule(PackedTextDataModule):
 
     def template_renderer(self) -> dict[str, str] | ChatTemplate:
         """The format strings, or the tokenizer folder's chat template (read once)."""
-        if self.template != TOKENIZER_TEMPLATE:
+        if isinstance(self.template, dict):  # a str is TOKENIZER_TEMPLATE (checked at init)
             return self.template
         if self.chat_template is None:
             self.chat_template = ChatTemplate(self.tokenizer_options["path"])
@@ -157,17 +159,18 @@ class SFTDataModule(PackedTextDataModule):
             for pieces in render_rows(records, chunk.tolist(), renderer, where):
                 yield "".join(text for text, _ in pieces if text is not None)
 
-    def encoder(self):
+    def encoder(self) -> Callable[[pa.Table, list[int]], pa.Table]:
         renderer = self.template_renderer()
         if isinstance(renderer, ChatTemplate):
             end = renderer.end_of_turn_token()
-            if end is not None and end != getattr(self.tokenizer, "eos_token", end):
+            eos_token = getattr(self.tokenizer, "eos_token", end)  # the byte tokenizer has none
+            if end is not None and end != eos_token:
                 log.warning(
                     "The chat template ends assistant turns with %s, but the tokenizer's "
                     "end-of-text token is %s, at which generation (and val/exact_match) stops: "
                     "set data.tokenizer.eos_token=%s",
                     end,
-                    self.tokenizer.eos_token,
+                    eos_token,
                     end,
                 )
         return partial(
@@ -183,10 +186,14 @@ class SFTDataModule(PackedTextDataModule):
     # -- exact match -------------------------------------------------------------------------
 
     def exact_match_examples(self, split: str = "val") -> list[tuple[list[int], str]]:
-        """Up to `exact_match_samples` (prompt ids, expected answer) pairs from `split`: the
-        conversation up to its last answer, and that answer (its last run of targets, without
-        the end-of-turn token, and what the template writes after it)."""
+        """Up to `exact_match_samples` (prompt ids, expected answer) pairs from `split`.
+
+        Each is the conversation up to its last answer, and that answer (its last run of
+        targets, without the end-of-turn token, and what the template writes after it).
+        """
         store = self.store()
+        assert store.targets is not None  # SFT stores keep a target mask (has_targets)
+        assert self.tokenizer is not None  # store() sets it
         examples = []
         for document in self.source.split_documents(store.num_documents)[split]:
             begin, end = store.offsets[document], store.offsets[document + 1]
@@ -202,8 +209,10 @@ class SFTDataModule(PackedTextDataModule):
 
 
 def conversation_of(record: dict[str, Any], where: str, index: int) -> list[dict[str, str]]:
-    """One record as a list of turns ending with an assistant turn, or a DataError naming the
-    row and what is wrong with it."""
+    """One record as a list of turns ending with an assistant turn.
+
+    Otherwise a DataError names the row and what is wrong with it.
+    """
     where = f"{where}, row {index + 1}"
     if record.get("prompt") is not None and record.get("response") is not None:
         turns = [
@@ -257,9 +266,11 @@ def render_rows(
     indices: list[int],
     template: dict[str, str] | ChatTemplate,
     where: str,
-) -> list[list[tuple[str | None, bool]]]:
-    """The (text, is target) pieces of each record: by format strings, or by a chat template
-    (all the batch's conversations rendered together)."""
+) -> Sequence[Sequence[tuple[str | None, bool]]]:
+    """The (text, is target) pieces of each record, by format strings or by a chat template.
+
+    A chat template renders all the batch's conversations together.
+    """
     conversations = [
         conversation_of(record, where, index)
         for record, index in zip(records, indices, strict=True)
@@ -276,8 +287,10 @@ def encode_conversations(
     template: dict[str, str] | ChatTemplate,
     where: str,
 ) -> pa.Table:
-    """`Dataset.map`'s function: each conversation's token ids and target mask, every text piece
-    of the batch encoded in one call."""
+    """`Dataset.map`'s function: each conversation's token ids and target mask.
+
+    Every text piece of the batch is encoded in one call.
+    """
     texts, is_end, is_target, pieces_per_row = [], [], [], []
     for pieces in render_rows(table.to_pylist(), indices, template, where):
         texts += [text for text, _ in pieces if text is not None]
@@ -285,10 +298,10 @@ def encode_conversations(
         is_target += [target for _, target in pieces]
         pieces_per_row.append(len(pieces))
     values, text_lengths = tokenizer.encode_batch(texts)
-    is_end = np.array(is_end, dtype=bool)
-    piece_lengths = np.ones(len(is_end), dtype=np.int64)
-    piece_lengths[~is_end] = text_lengths
-    from_text = np.repeat(~is_end, piece_lengths)
+    ends = np.array(is_end, dtype=bool)
+    piece_lengths = np.ones(len(ends), dtype=np.int64)
+    piece_lengths[~ends] = text_lengths
+    from_text = np.repeat(~ends, piece_lengths)
     tokens = np.full(len(from_text), tokenizer.eos_token_id, dtype=np.int64)
     tokens[from_text] = values
     targets = np.repeat(np.array(is_target, dtype=bool), piece_lengths)

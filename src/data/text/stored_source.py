@@ -17,10 +17,12 @@ if TYPE_CHECKING:  # the datamodule builds its source: imported for the types on
 
 
 class StoredSource:
-    """The `TokenSource` of a corpus tokenised into a store: its documents split into train,
-    val and test at random by `split_seed`, in the fractions `val_fraction` and
-    `test_fraction`, every split's rows served by a resumable sampler (the training split's
-    shuffled each epoch by `shuffle_seed` + epoch)."""
+    """The `TokenSource` of a corpus tokenised into a store.
+
+    Its documents are split into train, val and test at random by `split_seed`, in the
+    fractions `val_fraction` and `test_fraction`, and every split's rows are served by a
+    resumable sampler (the training split's shuffled each epoch by `shuffle_seed` + epoch).
+    """
 
     def __init__(self, module: "PackedTextDataModule"):
         self.module = module

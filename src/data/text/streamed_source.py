@@ -1,6 +1,8 @@
-"""The streamed token source (`data.streaming=true`): training rows read from `data.paths` as
-the run goes (`src.data.text.streaming`), validation and test from the token store of the
-held-out files `data.val_paths`."""
+"""The streamed token source (`data.streaming=true`): training rows read as the run goes.
+
+The training rows are read from `data.paths` (`src.data.text.streaming`), validation and test
+from the token store of the held-out files `data.val_paths`.
+"""
 
 import logging
 from pathlib import Path
@@ -25,10 +27,12 @@ log = logging.getLogger(__name__)
 
 
 class StreamedSource:
-    """The `TokenSource` of a corpus too large to store: the training documents of `paths`
-    streamed, packed `packing_buffer` documents at a time, sharded by file across ranks and
-    workers, endlessly (the run's length is `trainer.max_steps`); the documents of `val_paths`
-    stored and split between validation and test in the ratio `val_fraction`:`test_fraction`.
+    """The `TokenSource` of a corpus too large to store, whose training documents are streamed.
+
+    The training documents of `paths` are streamed, packed `packing_buffer` documents at a
+    time, sharded by file across ranks and workers, endlessly (the run's length is
+    `trainer.max_steps`); the documents of `val_paths` are stored and split between validation
+    and test in the ratio `val_fraction`:`test_fraction`.
 
     The stream's position is each loader worker's state (`StreamedRows.state_dict`), which
     Lightning keeps in the checkpoint's loop state: a resumed run continues mid-buffer.
@@ -66,8 +70,10 @@ class StreamedSource:
         return resolve_files(self.val_paths, key="data.val_paths")
 
     def split_documents(self, count: int) -> dict[str, np.ndarray]:
-        """The held-out documents, split between validation and test (no training split: the
-        stream is one)."""
+        """The held-out documents, split between validation and test.
+
+        There is no training split: the stream is one.
+        """
         fractions = self.module.fractions
         share = fractions["val"] / (fractions["val"] + fractions["test"])
         val = max(1, round(count * share))
@@ -75,8 +81,10 @@ class StreamedSource:
         return {"val": np.sort(order[:val]), "test": np.sort(order[val:])}
 
     def setup(self, store: TokenStore) -> None:
-        """The held-out splits from `store`, and the training stream, whose first buffer stands
-        for its accounting (the rest is yet to be read)."""
+        """The held-out splits from `store`, and the training stream.
+
+        The stream's first buffer stands for its accounting (the rest is yet to be read).
+        """
         splits = self.split_documents(store.num_documents)
         self.datasets, self.accounting = self.module.store_splits(store, splits)
         self.stream = self.training_stream()
@@ -126,8 +134,10 @@ class StreamedSource:
         )
 
     def run_rows(self, batch_size: int) -> int | None:
-        """The rows the run reads: an endless stream needs the run to say when it ends (None
-        outside a Trainer)."""
+        """The rows the run reads, from its trainer's `max_steps` (None outside a Trainer).
+
+        An endless stream needs the run to say when it ends.
+        """
         trainer = self.module.trainer
         if trainer is None:
             return None

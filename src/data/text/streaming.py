@@ -1,6 +1,7 @@
-"""Pretraining documents streamed from their files rather than tokenised into a store first: for
-corpora that do not fit on one disk, on local disks or behind URLs (fsspec: `s3://`, `gs://`,
-`hf://`).
+"""Pretraining documents streamed from their files rather than tokenised into a store first.
+
+This is for corpora that do not fit on one disk, on local disks or behind URLs (fsspec:
+`s3://`, `gs://`, `hf://`).
 
 Files are read lazily through `datasets`' iterable datasets, one file a shard; shards go to
 ranks (`split_dataset_by_node`) and, inside a rank, to data-loader workers (`datasets` does it
@@ -64,9 +65,11 @@ def stream_format(files: list[str]) -> str:
 def document_stream(
     files: list[str], separator: re.Pattern | None, text_field: str
 ) -> datasets.IterableDataset:
-    """The documents of `files` (local paths or URLs), in order, as an iterable dataset of one
-    column `text` with one shard per file: `.txt` files cut by `separator` and stripped as the
-    store cuts them, JSON and Parquet rows' `text_field`."""
+    """The documents of `files` (local paths or URLs), in order, as an iterable dataset.
+
+    It has one column `text` and one shard per file: `.txt` files cut by `separator` and
+    stripped as the store cuts them, JSON and Parquet rows' `text_field`.
+    """
     paths = [str(path) for path in files]
     kind = stream_format(files)
     if kind == "text":
@@ -88,9 +91,11 @@ def document_stream(
 
 
 def _parquet_documents(paths: list[str], column: str) -> Iterator[dict]:
-    """The `column` of each file's rows, 1,000 rows read at a time: `datasets`' own Parquet
-    stream converts a whole row group at once, which held about 300 MB at 1 GB of shards
-    (docs/BENCHMARKS.md)."""
+    """The `column` of each file's rows, 1,000 rows read at a time.
+
+    `datasets`' own Parquet stream converts a whole row group at once, which held about 300 MB
+    at 1 GB of shards (docs/BENCHMARKS.md).
+    """
     for path in paths:
         with open_file(path) as file:
             for batch in pq.ParquetFile(file).iter_batches(batch_size=1000, columns=[column]):
@@ -104,8 +109,10 @@ def _text_file_documents(paths: list[str], separator: re.Pattern | None) -> Iter
 
 
 class StreamedRows(IterableDataset):
-    """Rows of `max_seq_len` tokens (one document a row when not `packing`) from the documents of
-    `files`, endlessly (or for `passes` passes), for rank `rank` of `world_size`.
+    """Rows of `max_seq_len` tokens from the documents of `files`, for rank `rank` of `world_size`.
+
+    There is one document a row when not `packing`; the rows come endlessly, or for `passes`
+    passes.
 
     `encoder` is the datamodule's `Dataset.map` function (an Arrow table with a `text` column
     in, `input_ids` out). `buffer_documents` documents are fitted and packed together; their
@@ -158,8 +165,10 @@ class StreamedRows(IterableDataset):
 
     @property
     def shards_per_rank(self) -> int:
-        """Files each rank reads: a share of them when the ranks divide the files evenly, else
-        every file, each rank keeping one document in `world_size` (what `datasets` does)."""
+        """Files each rank reads: a share when the ranks divide the files evenly, else every file.
+
+        Reading every file, each rank keeps one document in `world_size` (what `datasets` does).
+        """
         count = len(self.files)
         return count // self.world_size if count % self.world_size == 0 else count
 
@@ -241,8 +250,10 @@ class StreamedRows(IterableDataset):
             self.position = self._start_of_pass(number + 1)
 
     def _next_buffer(self, documents: Iterator[dict]) -> list[str]:
-        """The next `buffer_documents` non-blank texts (fewer at the end of the pass); a file
-        that disappeared is named."""
+        """The next `buffer_documents` non-blank texts (fewer at the end of the pass).
+
+        A file that disappeared is named.
+        """
         texts = []
         with self._naming_vanished_shards():
             for record in documents:
@@ -260,8 +271,10 @@ class StreamedRows(IterableDataset):
     def buffer_rows(
         self, texts: list[str], seed: list[int] | None = None
     ) -> tuple[list[list[Sample]], Pieces, TokenAccounting]:
-        """The rows of one buffer of documents (shuffled by `seed` unless None), with the pieces
-        they hold and the over-long policy's accounting."""
+        """The rows of one buffer of documents (shuffled by `seed` unless None).
+
+        With them come the pieces they hold and the over-long policy's accounting.
+        """
         encoded = self.encoder(pa.table({"text": pa.array(texts, pa.large_string())}), [])
         tokens, lengths = flat_column(encoded.column("input_ids").combine_chunks())
         offsets = np.concatenate(([0], np.cumsum(lengths)))
@@ -274,14 +287,16 @@ class StreamedRows(IterableDataset):
             else Rows.one_per_row(len(pieces))
         )
         buffer = PackedRows(BufferTokens(tokens, offsets), pieces, rows)
-        order = range(len(rows))
+        order: range | np.ndarray = range(len(rows))
         if seed is not None:
             order = np.random.default_rng(seed).permutation(len(rows))
         return [buffer[int(row)] for row in order], pieces, accounting
 
     def first_buffer(self) -> tuple[list[list[Sample]], Pieces, TokenAccounting]:
-        """The rows of this rank's first buffer, read apart from the stream (what the run's
-        report shows of the data)."""
+        """The rows of this rank's first buffer, read apart from the stream.
+
+        They are what the run's report shows of the data.
+        """
         documents = iter(self._pass_stream(0))
         return self.buffer_rows(self._next_buffer(documents))
 
@@ -300,8 +315,11 @@ class StreamedRows(IterableDataset):
 
 
 class BufferTokens:
-    """One buffer's tokens as `PackedRows` reads a store's: documents back to back, document i
-    at tokens[offsets[i]:offsets[i + 1]], every token a target (pretraining)."""
+    """One buffer's tokens as `PackedRows` reads a store's.
+
+    Documents are back to back, document i at tokens[offsets[i]:offsets[i + 1]], and every
+    token is a target (pretraining).
+    """
 
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray):
         self.tokens, self.offsets = tokens, offsets

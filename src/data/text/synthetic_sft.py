@@ -83,10 +83,13 @@ TASKS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
 
 
 def make_examples(count: int, seed: int = 0, chat_fraction: float = 0.25) -> list[dict]:
-    """`count` examples, `chat_fraction` of them in the chat form {"messages": [...]} and the
-    rest as {"prompt": ..., "response": ...}; the same seed gives the same examples."""
+    """`count` examples; the same seed gives the same examples.
+
+    `chat_fraction` of them are in the chat form {"messages": [...]} and the rest are
+    {"prompt": ..., "response": ...}.
+    """
     rng = random.Random(seed)
-    examples = []
+    examples: list[dict[str, str | list[dict[str, str]]]] = []
     for _ in range(count):
         prompt, response = TASKS[rng.choice(list(TASKS))](rng)
         if rng.random() < chat_fraction:

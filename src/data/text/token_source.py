@@ -20,8 +20,10 @@ from src.data.packing.packing import TokenAccounting, compact
 
 
 class TokenSource(Protocol):
-    """Where a text datamodule's rows come from: the splits of its token store, and the
-    training rows (one of those splits, or a stream)."""
+    """Where a text datamodule's rows come from: its token store's splits and its training rows.
+
+    The training rows are one of those splits, or a stream.
+    """
 
     datasets: dict[str, PackedRows]  # the rows of each split the store serves, once set up
     accounting: dict[str, TokenAccounting]  # what the over-long policy did, per split
@@ -48,7 +50,10 @@ class TokenSource(Protocol):
 
 
 def shuffled_documents(count: int, split_seed: int) -> np.ndarray:
-    """The document indices 0..count-1 in the order `split_seed` draws, to cut into splits: the
-    same whatever the training seed, so that runs compare on the same held-out documents."""
+    """The document indices 0..count-1 in the order `split_seed` draws, to cut into splits.
+
+    The order is the same whatever the training seed, so that runs compare on the same
+    held-out documents.
+    """
     order = torch.randperm(count, generator=torch.Generator().manual_seed(split_seed))
     return compact(order.numpy())

@@ -1,9 +1,8 @@
-"""The adapter of a LanguageModel, chosen by the `adapter` config group: LoRA (`adapter=lora`,
-src/models/language/lora/) or none.
+"""The adapter of a LanguageModel, chosen by the `adapter` config group: LoRA or none.
 
-Both are the `Adapter` of src/utils/contracts.py, which the model asks what its checkpoints
-keep and how its network is exported, so that neither the model nor its callers test which
-one it holds.
+LoRA is `adapter=lora` (src/models/language/lora/). Both are the `Adapter` of
+src/utils/contracts.py, which the model asks what its checkpoints keep and how its network is
+exported, so that neither the model nor its callers test which one it holds.
 """
 
 from collections.abc import Mapping
@@ -50,9 +49,11 @@ class NoAdapter:
 
 
 def build_adapter(net: QwenLM, values: Mapping[str, Any] | None, pretrained: str | None) -> Adapter:
-    """The adapter that the `adapter` group's values describe, attached to `net` (loaded from
-    `pretrained`, or None when the base is to come from a checkpoint): LoRA when they are
-    given, none otherwise."""
+    """The adapter that the `adapter` group's values describe, attached to `net`.
+
+    LoRA when the values are given, none otherwise. `net` was loaded from `pretrained`, which is
+    None when the base is to come from a checkpoint.
+    """
     if not values:
         return NoAdapter(net)
     return attach_lora(net, values, pretrained)

@@ -11,8 +11,10 @@ from src.models.language.qwen.generation import generate
 def count_exact_matches(
     model, tokenizer, examples: list[tuple[list[int], str]], max_new_tokens: int = 64
 ) -> int:
-    """How many (prompt ids, expected answer) examples `model` answers exactly, decoding
-    greedily until its end-of-turn token. Prompts of equal length are decoded as one batch."""
+    """Count the (prompt ids, expected answer) examples that `model` answers exactly.
+
+    Decoding is greedy until the end-of-turn token; prompts of equal length form one batch.
+    """
     device = next(model.parameters()).device
     by_length: dict[int, list[tuple[list[int], str]]] = defaultdict(list)
     for prompt, answer in examples:

@@ -1,7 +1,8 @@
 """The LightningModule that trains a QwenLM on next-token prediction."""
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -11,8 +12,10 @@ from src.models.language.adapters import build_adapter
 from src.models.language.exact_match import count_exact_matches
 from src.models.language.parallel import shard_decoder_layers
 from src.models.language.qwen import QwenConfig, QwenLM
+from src.models.language.qwen.hf_io import config_for_checkpoint, folder_layout
 from src.models.language.qwen.kernels import PYTORCH
 from src.models.language.qwen.loss import TokenLoss
+from src.models.language.qwen.moe import expert_load
 from src.models.optimization import OptimizedModule, OptimizerFactory
 from src.utils.contracts import TOKENS, ExactMatchExample, Tokenizer
 from src.utils.errors import ConfigError
@@ -20,6 +23,9 @@ from src.utils.errors import ConfigError
 # Summed over a validation or test split: token losses, supervised tokens, and tokens predicted
 # right (argmax).
 EVAL_SUMS = ("loss", "tokens", "correct")
+# The checkpoint key naming the transformers folder whose unused tensors (a vision tower, MTP
+# layers) an export writes back: the rebuilt model has no `pretrained` to know it by.
+SOURCE_KEY = "qwen_source_folder"
 # model.kernels: None lets each layer use the installed fused kernels on GPU inputs.
 KERNEL_CHOICES = {"auto": None, "pytorch": PYTORCH}
 
@@ -30,10 +36,16 @@ class LanguageModel(OptimizedModule):
     Batches are dicts: `input_ids` and `labels` [B, T] (labels[t] is the target of position t,
     IGNORE_INDEX where nothing is supervised), optionally `position_ids` [B, T] and
     `cu_seqlens` (int32 document offsets of packed rows). `train/loss` is the mean over every
-    supervised token of the optimizer step, however the tokens fall into micro-batches.
+    supervised token of the optimizer step, however the tokens fall into micro-batches. A
+    mixture of experts adds `router_aux_loss_coef` times its load-balancing loss
+    (`train/aux_loss`) to what it optimises, and logs each sparse layer's busiest expert over
+    the mean (`moe/layer_{i}/load_max_over_mean`, the worst as `moe/load_max_over_mean`).
 
     - `config`: a QwenConfig as a plain dict; `pretrained`: a transformers-format folder (e.g. a
-      released Qwen3 checkpoint) whose config.json matches it, for the starting weights.
+      released Qwen3 checkpoint) for the starting weights. Its config.json is checked against
+      `config`: whole by default, or only the fields named in `explicit_config` (those the user
+      set on the command line), the folder giving all others; the model is built as the folder
+      says either way.
     - `optimizer`, `scheduler`: as for `ImageClassifier` (src/models/optimization.py); the Qwen
       configs choose `optimizer=adamw_lm` and `scheduler=warmup_cosine`. Without an optimizer
       the module still evaluates and generates.
@@ -45,6 +57,10 @@ class LanguageModel(OptimizedModule):
     """
 
     batch_kind = TOKENS
+    # The optimizer step's running sums, reset by _reset_step after each step.
+    _step_normaliser: int | None
+    _step_loss_sum: torch.Tensor | float  # becomes a tensor on the batch's device
+    _step_tokens: torch.Tensor | int
 
     def __init__(
         self,
@@ -56,6 +72,7 @@ class LanguageModel(OptimizedModule):
         loss_chunk_size: int | None = 512,
         activation_checkpointing: bool = False,
         adapter: dict[str, Any] | None = None,
+        explicit_config: list[str] | None = None,
     ):
         super().__init__(optimizer, scheduler)
         if kernels not in KERNEL_CHOICES:
@@ -69,6 +86,8 @@ class LanguageModel(OptimizedModule):
                 f"a time (e.g. 512), or null for all of them at once"
             )
         qwen_config = QwenConfig.from_dict(dict(config))
+        if pretrained:
+            qwen_config = config_for_checkpoint(qwen_config, pretrained, explicit_config)
         # Only plain values as hyperparameters (the adapter adds its own below), so that
         # checkpoints load with torch.load(weights_only=True).
         self.save_hyperparameters({"config": qwen_config.to_dict()}, logger=False)
@@ -96,20 +115,40 @@ class LanguageModel(OptimizedModule):
     def forward(self, input_ids, position_ids=None, cu_seqlens=None) -> torch.Tensor:
         return self.net(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens)
 
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Refuse image/video tokens while the ids are still on the host (no device sync)."""
+        if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), torch.Tensor):
+            self.net.refuse_vision_tokens(batch["input_ids"])
+        return batch
+
     def setup(self, stage: str) -> None:
         if stage == "fit":
             self.adapter.check_can_train()
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """An adapter run's checkpoint holds its adapters and names its base (path and
-        fingerprint, `adapter_base`) instead of holding the frozen base weights again."""
+        """An adapter run's checkpoint holds its adapters and names its base, not its weights.
+
+        The checkpoint names the base by path and fingerprint (`adapter_base`) instead of holding
+        the frozen base weights again. A model loaded from a transformers folder names it, so
+        that an export of the restored run writes back what the model does not hold.
+        """
         self.adapter.strip_checkpoint(checkpoint)
+        if self.net.source is not None:
+            checkpoint[SOURCE_KEY] = str(self.net.source)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Put an adapter checkpoint's base back into its state dict, once the base is checked
-        to be the one it was trained on (loaded from the recorded path if this model has
-        none), so that the state dict loads whole."""
+        """Put an adapter checkpoint's base back into its state dict, so that it loads whole.
+
+        The base is first checked to be the one it was trained on (loaded from the recorded path
+        if this model has none). The folder the weights came from becomes the network's `source`
+        again, and the config the run trained with gives its folder layout.
+        """
         self.adapter.complete_checkpoint(checkpoint, self)
+        if source := checkpoint.get(SOURCE_KEY):
+            self.net.source = Path(source)
+        if recorded := checkpoint.get("hyper_parameters", {}).get("config"):
+            # A multimodal folder's (qwen3_5) where the run's config said qwen3_5_text.
+            self.net.config = folder_layout(self.net.config, QwenConfig.from_dict(recorded))
 
     def configure_model(self) -> None:
         """Shard the decoder layers under FSDP2 (`trainer=model_parallel`); a no-op otherwise."""
@@ -147,8 +186,10 @@ class LanguageModel(OptimizedModule):
     def count_exact_matches(
         self, tokenizer: Tokenizer, examples: Sequence[ExactMatchExample]
     ) -> int:
-        """How many prompts the model answers exactly, decoding greedily (the ExactMatch
-        callback's score)."""
+        """How many prompts the model answers exactly, decoding greedily.
+
+        This is the ExactMatch callback's score.
+        """
         return count_exact_matches(self.net, tokenizer, list(examples))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
@@ -161,10 +202,34 @@ class LanguageModel(OptimizedModule):
             self._step_normaliser = batch["labels"].shape[0]
         self._step_loss_sum = self._step_loss_sum + loss_sum.detach()
         self._step_tokens = self._step_tokens + tokens
-        return loss_sum / self._step_normaliser
+        return (loss_sum + self._router_loss(tokens)) / self._step_normaliser
+
+    def _router_loss(self, tokens: torch.Tensor) -> torch.Tensor | float:
+        """The mixture of experts' weighted load-balancing loss, as a sum over `tokens`.
+
+        on_before_optimizer_step divides the step's gradient by its supervised tokens: a
+        micro-batch's auxiliary loss enters times its own, so one micro-batch optimises
+        transformers' `loss + router_aux_loss_coef * aux_loss` exactly, and several are weighed
+        by their tokens. 0 for a dense model.
+        """
+        aux_loss = self.net.router_aux_loss()
+        if aux_loss is None:
+            return 0.0
+        self.log("train/aux_loss", aux_loss.detach(), on_step=True)
+        # Read on logging steps only, as Lightning's own LearningRateMonitor decides them.
+        if self.trainer._logger_connector.should_update_logs:
+            loads = {i: expert_load(n) for i, n in self.net.tokens_per_expert().items()}
+            for index, load in loads.items():
+                self.log(f"moe/layer_{index}/load_max_over_mean", load, on_step=True)
+            self.log("moe/load_max_over_mean", torch.stack(list(loads.values())).max())
+        return self.net.config.router_aux_loss_coef * aux_loss * tokens
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Turn the accumulated gradient into that of the mean loss over the step's tokens."""
+        # The step's training_steps have run: they set the normaliser and made both sums tensors.
+        assert self._step_normaliser is not None
+        assert isinstance(self._step_loss_sum, torch.Tensor)
+        assert isinstance(self._step_tokens, torch.Tensor)
         # Lightning calls this before gradient clipping, so clipping sees the mean's gradient.
         # Both sums in one all-reduce, straight to the process group: Lightning's
         # strategy.reduce adds a barrier, a second collective per step.
@@ -205,15 +270,20 @@ class LanguageModel(OptimizedModule):
 
     def _accumulate_eval(self, stage: str, batch: dict[str, torch.Tensor]) -> None:
         loss_sum, tokens, correct = self._token_loss(batch)
-        sums = self.eval_sums[stage]
+        sums = cast(Mapping[str, SumMetric], self.eval_sums[stage])  # as built in __init__
         sums["loss"].update(loss_sum)
         sums["tokens"].update(tokens)
+        # Lightning evaluates without gradients, where the loss also counts the right argmaxes.
+        assert correct is not None
         sums["correct"].update(correct)
 
     def _log_eval(self, stage: str) -> None:
-        """Loss per supervised token over the whole split, its perplexity and next-token
-        accuracy (the exact-match accuracy of SFT data comes from the ExactMatch callback)."""
-        sums = self.eval_sums[stage]
+        """Log the loss per supervised token over the whole split, its perplexity and accuracy.
+
+        The accuracy is next-token accuracy; the exact-match accuracy of SFT data comes from the
+        ExactMatch callback.
+        """
+        sums = cast(Mapping[str, SumMetric], self.eval_sums[stage])  # as built in __init__
         tokens = sums["tokens"].compute().clamp_min(1)
         loss = sums["loss"].compute() / tokens
         accuracy = sums["correct"].compute() / tokens
@@ -227,6 +297,6 @@ class LanguageModel(OptimizedModule):
             metric.reset()
 
     def _reset_step(self) -> None:
-        self._step_normaliser: int | None = None
-        self._step_loss_sum: torch.Tensor | float = 0.0  # becomes a tensor on the batch's device
-        self._step_tokens: torch.Tensor | int = 0
+        self._step_normaliser = None
+        self._step_loss_sum = 0.0
+        self._step_tokens = 0

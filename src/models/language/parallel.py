@@ -4,6 +4,7 @@ The strategy calls the LightningModule's `configure_model`, which calls `shard_d
 with its device mesh. Under any other strategy the mesh is None and nothing changes.
 """
 
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
@@ -12,9 +13,11 @@ from src.utils.errors import ConfigError
 
 
 def shard_decoder_layers(net: QwenLM, device_mesh: DeviceMesh | None) -> None:
-    """Shard each decoder layer, then the rest (embedding, final norm, lm_head) as the root,
-    over the mesh's data-parallel dimension. Idempotent: Lightning calls `configure_model`
-    again for testing after fitting."""
+    """Shard each decoder layer, then the rest as the root, over the mesh's data-parallel dimension.
+
+    The rest is the embedding, final norm and lm_head. Idempotent: Lightning calls
+    `configure_model` again for testing after fitting.
+    """
     if device_mesh is None or isinstance(net, FSDPModule):
         return
     if device_mesh["tensor_parallel"].size() > 1:
@@ -24,6 +27,8 @@ def shard_decoder_layers(net: QwenLM, device_mesh: DeviceMesh | None) -> None:
             f"(got a {device_mesh.shape} mesh)."
         )
     mesh = device_mesh["data_parallel"]
-    for layer in net.model.layers:
+    layers = net.model.layers
+    assert isinstance(layers, nn.ModuleList)  # QwenLM keeps its decoder layers in one
+    for layer in layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(net, mesh=mesh)

@@ -1,5 +1,7 @@
-"""Torchvision's image classifiers (resnet18, vit_b_16, ...) with a new head for the data's
-classes, from random, published or local ImageNet weights."""
+"""Torchvision's image classifiers (resnet18, vit_b_16, ...) with a new head for the data's classes.
+
+They start from random, published or local ImageNet weights.
+"""
 
 import logging
 from pathlib import Path
@@ -24,8 +26,9 @@ def torchvision_backbone(
     weights: str | None = None,
     **options,
 ) -> nn.Module:
-    """Torchvision's `name` network for images of `input_shape`, its `head` Linear layer
-    replaced by a new, randomly initialised one with `num_classes` outputs.
+    """Torchvision's `name` network for images of `input_shape`, with a new `head` Linear layer.
+
+    The new head is randomly initialised, with `num_classes` outputs.
 
     `weights` is null (random weights), the name of torchvision's published weights
     (`IMAGENET1K_V1`, `ResNet18_Weights.IMAGENET1K_V1`, `DEFAULT`: downloaded once into the
@@ -63,8 +66,10 @@ def replace_head(net: nn.Module, name: str, head: str, num_classes: int) -> None
 
 
 def build_network(name: str, input_shape: list[int], options: dict) -> nn.Module:
-    """Torchvision's `name` network with random weights, checked to take images of
-    `input_shape` by running one: a misfit fails now, in one line, not at the first step."""
+    """Torchvision's `name` network with random weights, checked to take images of `input_shape`.
+
+    The check runs one image: a misfit fails now, in one line, not at the first step.
+    """
     input_shape = list(input_shape)
     if len(input_shape) != 3 or input_shape[0] != 3:
         raise ConfigError(

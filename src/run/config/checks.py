@@ -11,13 +11,14 @@ MissingMandatoryValue traceback wherever it is first read; it is named up front 
 import inspect
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, DictKeyType, ListConfig, OmegaConf
 
 from src.utils.errors import ConfigError
 
@@ -33,12 +34,17 @@ def check_config_types(cfg: DictConfig, path: str = "") -> None:
         check_optimizer_values(cfg)
         check_positive_counts(cfg)
         check_adapter_model(cfg)
+    _check_target_nodes(cfg, path)
+
+
+def _check_target_nodes(cfg: DictConfig | ListConfig, path: str) -> None:
+    """Check the values of every `_target_` node below `cfg`, whose dotted key is `path`."""
     for key, node in _items(cfg):
-        child_path = f"{path}.{key}" if path else str(key)
+        child_path = f"{path}.{key!s}" if path else str(key)
         if isinstance(node, DictConfig | ListConfig):
             if isinstance(node, DictConfig) and "_target_" in node:
                 _check_target_node(node, child_path)
-            check_config_types(node, child_path)
+            _check_target_nodes(node, child_path)
 
 
 def check_required_values(cfg: DictConfig) -> None:
@@ -80,7 +86,7 @@ def check_model_fits_data(cfg: DictConfig) -> None:
     building anything.
     """
     model_kind, data_kind = (_batch_kind(cfg.get(group)) for group in ("model", "data"))
-    if None in (model_kind, data_kind) or model_kind == data_kind:
+    if model_kind is None or data_kind is None or model_kind == data_kind:
         return
     choices = _choices()
     model, data = (choices.get(group) or cfg[group]._target_ for group in ("model", "data"))
@@ -132,7 +138,7 @@ def check_optimizer_values(cfg: DictConfig) -> None:
         build([torch.nn.Parameter(torch.zeros(1))])
     except ValueError as error:
         values = " ".join(
-            f"optimizer.{key}={value}" for key, value in optimizer.items() if key[0] != "_"
+            f"optimizer.{key!s}={value}" for key, value in optimizer.items() if str(key)[0] != "_"
         )
         raise ConfigError(
             f"{optimizer._target_} refuses this config ({values}): {error}. Fix the value it "
@@ -194,10 +200,11 @@ def check_accelerator(cfg: DictConfig) -> None:
         )
 
 
-def _items(cfg: DictConfig | ListConfig):
+def _items(cfg: DictConfig | ListConfig) -> Iterator[tuple[DictKeyType, Any]]:
     """(key, resolved value) pairs, skipping mandatory values that are still `???`."""
-    keys = cfg.keys() if isinstance(cfg, DictConfig) else range(len(cfg))
-    return ((key, cfg[key]) for key in keys if not OmegaConf.is_missing(cfg, key))
+    if isinstance(cfg, DictConfig):
+        return ((key, cfg[key]) for key in cfg if not OmegaConf.is_missing(cfg, key))
+    return ((i, cfg[i]) for i in range(len(cfg)) if not OmegaConf.is_missing(cfg, i))
 
 
 def _check_target_node(node: DictConfig, path: str) -> None:
@@ -206,7 +213,7 @@ def _check_target_node(node: DictConfig, path: str) -> None:
     except Exception:  # noqa: BLE001 - unknown or un-introspectable targets are instantiate's job
         return
     for key, value in _items(node):
-        if key.startswith("_") or key not in hints:
+        if not isinstance(key, str) or key.startswith("_") or key not in hints:
             continue
         if isinstance(value, DictConfig | ListConfig) and not _is_plain_list(value):
             continue
@@ -227,7 +234,7 @@ def _parameter_hints(target: Any) -> dict[str, Any]:
     # Every `__init__` of the MRO: subclasses commonly pass `**kwargs` on to their parents.
     for klass in reversed(target.__mro__):
         if klass is not object and "__init__" in vars(klass):
-            hints.update(typing.get_type_hints(klass.__init__))
+            hints.update(typing.get_type_hints(vars(klass)["__init__"]))
     return hints
 
 

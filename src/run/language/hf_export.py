@@ -22,13 +22,19 @@ from src.utils.contracts import Tokenizer
 from src.utils.errors import CheckpointError
 
 
-def export_for_transformers(model: LightningModule, tokenizer: Tokenizer, folder: Path) -> None:
-    """Write `model` (a LanguageModel) and `tokenizer` into `folder` in transformers' format."""
+def export_for_transformers(
+    model: LightningModule, tokenizer: Tokenizer | None, folder: Path
+) -> None:
+    """Write `model` (a LanguageModel) and `tokenizer` into `folder` in transformers' format.
+
+    `tokenizer` is None only for a run on images (`Restored.tokenizer`), whose model is refused.
+    """
     if not isinstance(model, LanguageModel):
         raise CheckpointError(
             f"The checkpoint holds a {type(model).__name__}, not a language model, so it has no "
             f"transformers form: use a run of a Qwen model config (e.g. model=qwen3_tiny)."
         )
+    assert tokenizer is not None  # a language model's run reads tokenized text
     model.adapter.merged_network().save_pretrained(folder)
     if isinstance(tokenizer, ByteTokenizer):
         tokenizer = FileTokenizer(byte_level_bpe(), END_OF_TEXT)

@@ -65,7 +65,9 @@ class LmEvalSettings:
             )
         if "tasks" not in overrides:
             raise ConfigError("lm_eval needs its tasks: +lm_eval.tasks=[sft_choice] for example.")
-        return cls.from_config(OmegaConf.merge(OmegaConf.load(SETTINGS_FILE), overrides))
+        merged = OmegaConf.merge(OmegaConf.load(SETTINGS_FILE), overrides)
+        assert isinstance(merged, DictConfig)  # conf/evaluate_lm.yaml is a mapping
+        return cls.from_config(merged)
 
 
 def check_lm_eval_request(cfg: DictConfig) -> None:

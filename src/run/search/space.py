@@ -17,6 +17,7 @@ from hydra.core.override_parser.types import (
     IntervalSweep,
     Override,
     RangeSweep,
+    Sweep,
     Transformer,
 )
 from optuna.distributions import (
@@ -43,11 +44,13 @@ def search_space(
     by_key: dict[str, Override] = {}
     for override in OverridesParser.create().parse_overrides([*lines, *arguments]):
         by_key[override.get_key_element()] = override
-    distributions, fixed = {}, []
+    distributions: dict[str, BaseDistribution] = {}
+    fixed: list[str] = []
     for key, override in by_key.items():
         if override.is_sweep_override():
             distributions[key] = distribution(override)
         else:
+            assert override.input_line is not None  # the parser keeps each override's text
             fixed.append(override.input_line)
     return distributions, fixed
 
@@ -55,6 +58,7 @@ def search_space(
 def distribution(override: Override) -> BaseDistribution:
     """The Optuna distribution of one sweep override (see the module docstring)."""
     sweep = override.value()
+    assert isinstance(sweep, Sweep)  # the caller passes sweep overrides only
     where = f"{override.input_line!r}"
     unknown = sweep.tags - TAGS
     if unknown or getattr(sweep, "shuffle", False):
@@ -67,6 +71,8 @@ def distribution(override: Override) -> BaseDistribution:
     if isinstance(sweep, RangeSweep):
         return range_distribution(sweep, "log" in sweep.tags, where)
     assert isinstance(sweep, IntervalSweep)
+    assert sweep.start is not None  # interval(low, high) sets both bounds
+    assert sweep.end is not None
     if "int" in sweep.tags:
         if not (sweep.start.is_integer() and sweep.end.is_integer()):
             raise ConfigError(f"{where}: tag(int, ...) needs whole bounds.")
@@ -91,15 +97,17 @@ def range_distribution(sweep: RangeSweep, log: bool, where: str) -> BaseDistribu
     As Hydra's basic sweeper runs it.
     """
     start, stop, step = sweep.start, sweep.stop, sweep.step
+    assert start is not None  # range() always sets start and stop
+    assert stop is not None
     # Rounded, so that float steps such as range(0.1, 0.5, 0.1) stop below 0.5 as in Hydra.
     count = math.ceil(round((stop - start) / step, 9)) if step > 0 else 0
     if count < 1:
         raise ConfigError(f"{where}: the range holds no value; it needs start < stop, step > 0.")
     if log and step != 1:
         raise ConfigError(f"{where}: a log-scaled range cannot have a step; drop the step.")
+    if isinstance(start, int) and isinstance(stop, int) and isinstance(step, int):
+        return IntDistribution(start, start + (count - 1) * step, log=log, step=step)
     last = start + (count - 1) * step
-    if all(isinstance(bound, int) for bound in (start, stop, step)):
-        return IntDistribution(start, last, log=log, step=step)
     return FloatDistribution(start, last, log=log, step=None if log else step)
 
 

@@ -6,6 +6,7 @@ for the results file and the sweep summary.
 
 import logging
 from pathlib import Path
+from typing import Literal, cast
 
 import optuna
 from hydra.core.utils import JobReturn
@@ -37,7 +38,8 @@ def open_study(
     study = optuna.create_study(
         storage=storage,
         study_name=study_name,
-        direction=direction,
+        # Any other string is refused by create_study itself, with its own message.
+        direction=cast(Literal["minimize", "maximize"], direction),
         pruner=instantiate(pruner),
         load_if_exists=True,
     )

@@ -9,7 +9,7 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
@@ -73,15 +73,18 @@ class SweepSummary(Callback):
         log.info("Sweep summary: %s (best job: %s)", sweep_dir / "summary.md", best)
 
     def best_job(self, rows: list[dict[str, Any]]) -> str | None:
+        metric = self.metric
+        if metric is None:
+            return None
         scored = [
             row
             for row in rows
-            if _is_number(row.get(self.metric)) and row.get("state", "COMPLETE") == "COMPLETE"
+            if _is_number(row.get(metric)) and row.get("state", "COMPLETE") == "COMPLETE"
         ]
         if not scored:
             return None
         pick = min if self.mode.startswith("min") else max
-        return pick(scored, key=lambda row: row[self.metric])["job"]
+        return pick(scored, key=lambda row: row[metric])["job"]
 
 
 def collect_jobs(sweep_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -177,7 +180,7 @@ def plot_metric(rows: list[dict[str, Any]], metric: str, params: list[str]) -> F
         x = [row.get(param) for row in scored]
         y = [row[metric] for row in scored]
         if all(_is_number(value) for value in x):
-            _scatter_numbers(axis, x, y)
+            _scatter_numbers(axis, cast(list[float], x), y)
         else:
             _scatter_categories(axis, x, y)
         axis.set(xlabel=param, ylabel=metric)

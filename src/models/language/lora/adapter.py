@@ -1,5 +1,7 @@
-"""The LoRA adapter of a LanguageModel (`adapter=lora`): the `Adapter` of
-src/utils/contracts.py for adapters trained on a frozen pretrained base."""
+"""The LoRA adapter of a LanguageModel (`adapter=lora`).
+
+It is the `Adapter` of src/utils/contracts.py for adapters trained on a frozen pretrained base.
+"""
 
 from collections.abc import Mapping
 from dataclasses import replace
@@ -30,8 +32,10 @@ NO_BASE = (
 
 
 class LoraAdapter:
-    """LoRA adapters injected into a frozen QwenLM: their spec (as built, after reading
-    `path`) and the identity of the base they sit on (None until a base is loaded).
+    """LoRA adapters injected into a frozen QwenLM: their spec and the identity of their base.
+
+    The spec is as built, after reading `path`; the base's identity is None until a base is
+    loaded.
 
     Only the adapters train; checkpoints hold them and name the base (`adapter_base`: path and
     fingerprint) instead of holding its weights again, and loading one puts the base back.
@@ -54,12 +58,15 @@ class LoraAdapter:
     def strip_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Drop the frozen base's weights from a Lightning checkpoint and name the base."""
         self.check_can_train()
+        assert self.base is not None  # check_can_train raised otherwise
         strip_base(checkpoint, self.base)
 
     def complete_checkpoint(self, checkpoint: dict[str, Any], module: torch.nn.Module) -> None:
-        """Put the base's weights back into an adapter checkpoint's state dicts (in place),
-        after checking that the base is the one it was trained on; load that base first when
-        the network has none yet (a model rebuilt without `model.pretrained`)."""
+        """Put the base's weights back into an adapter checkpoint's state dicts (in place).
+
+        The base is first checked to be the one it was trained on, and loaded before that when
+        the network has none yet (a model rebuilt without `model.pretrained`).
+        """
         recorded = checkpoint.get(BASE_KEY)
         if recorded is None:
             return  # a whole-model checkpoint: nothing was left out
@@ -95,5 +102,6 @@ def attach_lora(net: QwenLM, values: Mapping[str, Any], pretrained: str | None) 
             )
     inject(net, spec)
     if state is not None:
+        assert spec.path is not None  # state was read from that folder
         load_adapter_state(net, state, spec.path)
     return LoraAdapter(net, replace(spec, path=None), base)

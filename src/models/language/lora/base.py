@@ -1,5 +1,8 @@
-"""The frozen base under LoRA adapters, as checkpoints name it: by path and `fingerprint`
-instead of a second copy of its weights, which come back from that folder on loading."""
+"""The frozen base under LoRA adapters, as checkpoints name it: by path and `fingerprint`.
+
+Checkpoints name it instead of holding a second copy of its weights, which come back from that
+folder on loading.
+"""
 
 import hashlib
 import json
@@ -25,10 +28,12 @@ FINGERPRINT_SCHEME = "sha256 of safetensors headers and 3 x 4 KiB of every tenso
 
 
 def fingerprint(folder: str | Path) -> str:
-    """A cheap identity of a transformers folder's weights, for multi-GB checkpoints too: a
-    sha256 of every safetensors header (names, dtypes, shapes, offsets) and of the first, middle
-    and last 4 KiB of every tensor, so that another checkpoint of the same architecture
-    (fine-tuned, merged, re-initialised) differs. Not a full hash: it reads a few MB."""
+    """A cheap identity of a transformers folder's weights, for multi-GB checkpoints too.
+
+    It is a sha256 of every safetensors header (names, dtypes, shapes, offsets) and of the
+    first, middle and last 4 KiB of every tensor, so that another checkpoint of the same
+    architecture (fine-tuned, merged, re-initialised) differs. Not a full hash: it reads a few MB.
+    """
     digest = hashlib.sha256()
     for file in weight_files(Path(folder)):
         with file.open("rb") as handle:
@@ -62,8 +67,10 @@ def is_base_key(key: str) -> bool:
 
 
 def strip_base(checkpoint: dict[str, Any], base: dict[str, str]) -> None:
-    """Drop the frozen base's weights from a Lightning checkpoint, in place, and record which
-    base it was: `checkpoint["adapter_base"]`."""
+    """Drop the frozen base's weights from a Lightning checkpoint, in place, and name the base.
+
+    Which base it was goes into `checkpoint["adapter_base"]`.
+    """
     for name in STATE_KEYS:
         if isinstance(state := checkpoint.get(name), dict):
             for key in [k for k in state if is_base_key(k)]:
@@ -72,8 +79,10 @@ def strip_base(checkpoint: dict[str, Any], base: dict[str, str]) -> None:
 
 
 def load_recorded_base(net: QwenLM, recorded: Mapping[str, str]) -> dict[str, str]:
-    """Load the base that a checkpoint names into `net` (a model rebuilt without
-    `model.pretrained`); return its identity as it is now."""
+    """Load the base that a checkpoint names into `net`; return its identity as it is now.
+
+    `net` is a model rebuilt without `model.pretrained`.
+    """
     folder = Path(recorded["path"])
     if not (folder / "config.json").is_file():
         raise MissingFileError(
@@ -97,8 +106,11 @@ def check_same_base(base: Mapping[str, str], recorded: Mapping[str, str]) -> Non
 
 
 def complete_state_dict(checkpoint: dict[str, Any], own: Mapping[str, torch.Tensor]) -> None:
-    """Put the base's weights (from `own`, the LanguageModel's state dict) back into an
-    adapter checkpoint's state dicts, in place, after checking that they hold every other key."""
+    """Put the base's weights back into an adapter checkpoint's state dicts, in place.
+
+    The weights come from `own`, the LanguageModel's state dict, after checking that the
+    checkpoint's state dicts hold every other key.
+    """
     for name in STATE_KEYS:
         if not isinstance(state := checkpoint.get(name), dict):
             continue
@@ -111,8 +123,10 @@ def complete_state_dict(checkpoint: dict[str, Any], own: Mapping[str, torch.Tens
 
 
 def load_base(net: QwenLM, folder: str | Path) -> None:
-    """Load a transformers folder's weights under `net`'s adapters (peft renames an adapted
-    `x.weight` to `x.base_layer.weight`)."""
+    """Load a transformers folder's weights under `net`'s adapters.
+
+    peft renames an adapted `x.weight` to `x.base_layer.weight`.
+    """
     check_same_architecture(net.config, folder)
     names = {
         key.replace(".base_layer.", "."): key for key in net.state_dict() if not is_adapter_key(key)

@@ -1,10 +1,14 @@
-"""LoRA layers in a QwenLM: injecting them on a frozen base, reading their weights by the
-network's names, and folding them into a plain QwenLM.
+"""LoRA layers in a QwenLM: injecting, reading and merging them.
+
+They are injected on a frozen base, their weights read by the network's names, and folded into
+a plain QwenLM.
 
 Peft is given `net.model` (the embedding, layers and norm), never the QwenLM itself: peft reads
 `.config.model_type` and, for "qwen3_next", rewrites MLP targets for a mixture-of-experts model
 that this dense-MLP Qwen3-Next is not.
 """
+
+from typing import Protocol, cast
 
 import torch
 
@@ -16,10 +20,18 @@ from src.utils.weights import describe_mismatch
 ADAPTER_NAME = "default"  # peft's name for the one adapter of a model
 
 
+class LoraModule(Protocol):
+    """What merging asks of each of peft's LoRA layers (Linear, Embedding, ...)."""
+
+    def get_delta_weight(self, adapter: str) -> torch.Tensor: ...
+
+
 def inject(net: QwenLM, spec: AdapterSpec) -> None:
-    """Freeze the whole of `net`, in its own dtype, and inject LoRA layers into the
-    projections that `spec.target_modules` names, by the checkpoints' own module names: only
-    the adapters then require gradients, so only they reach the optimizer."""
+    """Freeze the whole of `net`, in its own dtype, and inject LoRA layers into it.
+
+    They go into the projections that `spec.target_modules` names, by the checkpoints' own
+    module names: only the adapters then require gradients, so only they reach the optimizer.
+    """
     net.requires_grad_(False)
     try:
         import_peft().inject_adapter_in_model(
@@ -56,10 +68,13 @@ def lora_modules(net: QwenLM) -> dict[str, torch.nn.Module]:
 
 @torch.no_grad()
 def merged_network(net: QwenLM) -> QwenLM:
-    """A plain QwenLM whose adapted weights are W + (alpha / r) B @ A; `net` is unchanged and
-    the unadapted tensors are shared with it, not copied."""
+    """A plain QwenLM whose adapted weights are W + (alpha / r) B @ A.
+
+    `net` is unchanged and the unadapted tensors are shared with it, not copied.
+    """
     deltas = {
-        name: module.get_delta_weight(ADAPTER_NAME) for name, module in lora_modules(net).items()
+        name: cast(LoraModule, module).get_delta_weight(ADAPTER_NAME)
+        for name, module in lora_modules(net).items()
     }
     state = {}
     for key, value in net.state_dict().items():
@@ -74,4 +89,5 @@ def merged_network(net: QwenLM) -> QwenLM:
         merged = QwenLM(net.config)
     merged.load_state_dict(state, strict=True, assign=True)
     merged.tie_weights()
+    merged.source = net.source  # what it does not hold is saved from there, as net's is
     return merged

@@ -1,7 +1,9 @@
-"""peft's adapter folder: `adapter_config.json` + `adapter_model.safetensors`, which
-`peft.PeftModel.from_pretrained` loads onto transformers' Qwen3ForCausalLM /
-Qwen3NextForCausalLM built from the same base folder, and which a run reads back to go on
-training (`adapter.path`)."""
+"""peft's adapter folder: `adapter_config.json` + `adapter_model.safetensors`.
+
+`peft.PeftModel.from_pretrained` loads it onto transformers' Qwen3ForCausalLM /
+Qwen3NextForCausalLM built from the same base folder, and a run reads it back to go on training
+(`adapter.path`).
+"""
 
 import json
 import logging
@@ -14,6 +16,7 @@ from safetensors.torch import load_file, save_file
 from src.models.language.lora.injection import ADAPTER_NAME, adapter_state, lora_modules
 from src.models.language.lora.spec import MLP_TARGETS, AdapterSpec, import_peft
 from src.models.language.qwen import QwenLM
+from src.models.language.qwen.state_dict_adapter import adapter_for
 from src.utils.errors import ConfigError, MissingFileError
 
 log = logging.getLogger(__name__)
@@ -23,8 +26,11 @@ PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the transformers
 
 
 def to_peft_key(key: str) -> str:
-    """`model.layers.0.self_attn.q_proj.lora_A.default.weight` ->
-    `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight` (peft's file names)."""
+    """The name that peft's files give an adapter weight of the network.
+
+    `model.layers.0.self_attn.q_proj.lora_A.default.weight` ->
+    `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`.
+    """
     return PEFT_PREFIX + key.replace(f".{ADAPTER_NAME}.", ".")
 
 
@@ -71,14 +77,17 @@ def peft_config_dict(spec: AdapterSpec, net: QwenLM, base: dict[str, str] | None
 def save_peft_folder(
     net: QwenLM, spec: AdapterSpec, base: dict[str, str] | None, folder: str | Path
 ) -> None:
-    """adapter_config.json + adapter_model.safetensors, as `PeftModel.save_pretrained` writes
-    them; the base's fingerprint rides in the safetensors metadata."""
+    """Write adapter_config.json + adapter_model.safetensors as `PeftModel.save_pretrained` does.
+
+    The base's fingerprint rides in the safetensors metadata.
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = peft_config_dict(spec, net, base)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    names = adapter_for(net.config)  # a multimodal folder keeps the decoder elsewhere
     tensors = {
-        to_peft_key(key): value.detach().contiguous().clone()
+        to_peft_key(names.hf_key(key)): value.detach().contiguous().clone()
         for key, value in adapter_state(net).items()
     }
     metadata = {"format": "pt"}
@@ -88,8 +97,12 @@ def save_peft_folder(
 
 
 def read_peft_folder(spec: AdapterSpec) -> tuple[AdapterSpec, dict[str, torch.Tensor], str | None]:
-    """The spec that a peft LoRA folder describes (its r, alpha and targets; this run's
-    dropout), its weights by the network's names, and the base fingerprint it records."""
+    """The spec that a peft LoRA folder describes, its weights and the base fingerprint it records.
+
+    The spec takes the folder's r, alpha and targets and this run's dropout; the weights are by
+    the network's names.
+    """
+    assert spec.path is not None, "read_peft_folder reads the folder that spec.path names"
     folder = Path(spec.path)
     config_file, weights_file = folder / CONFIG_FILE, folder / WEIGHTS_FILE
     if not (config_file.is_file() and weights_file.is_file()):

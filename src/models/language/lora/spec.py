@@ -6,8 +6,8 @@ from typing import Any
 
 from src.utils.errors import ConfigError
 
-# Every projection of Qwen3 / Qwen3-Next layers, by the checkpoints' names: full attention,
-# Gated DeltaNet, MLP. Names a model lacks (in_proj_* in a dense Qwen3) match nothing.
+# Every projection of Qwen3 / Qwen3-Next / Qwen3.5 layers, by the checkpoints' names: full
+# attention, Gated DeltaNet, MLP. Names a model lacks (in_proj_* in a dense Qwen3) match nothing.
 DEFAULT_TARGETS = (
     "q_proj",
     "k_proj",
@@ -15,6 +15,10 @@ DEFAULT_TARGETS = (
     "o_proj",
     "in_proj_qkvz",
     "in_proj_ba",
+    "in_proj_qkv",  # Qwen3.5's Gated DeltaNet: four projections instead of the two above
+    "in_proj_z",
+    "in_proj_b",
+    "in_proj_a",
     "out_proj",
     "gate_proj",
     "up_proj",
@@ -24,8 +28,10 @@ MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
 
 
 def import_peft():
-    """peft, imported when first used: it loads much of transformers (about 1 s), which runs
-    without adapters never need."""
+    """peft, imported when first used.
+
+    It loads much of transformers (about 1 s), which runs without adapters never need.
+    """
     import peft
 
     return peft
@@ -33,9 +39,12 @@ def import_peft():
 
 @dataclass(frozen=True)
 class AdapterSpec:
-    """The `adapter` config group's values: LoRA rank `r`, scale `alpha / r`, dropout on the
-    adapters' input, the module names to adapt, and optionally `path`, a peft adapter folder to
-    start from (which then sets r, alpha and target_modules)."""
+    """The `adapter` config group's values, which describe the LoRA adapters to inject.
+
+    LoRA rank `r`, scale `alpha / r`, dropout on the adapters' input, the module names to adapt,
+    and optionally `path`, a peft adapter folder to start from (which then sets r, alpha and
+    target_modules).
+    """
 
     r: int = 16
     alpha: float = 32.0

@@ -1,4 +1,4 @@
-"""Causal self-attention: Qwen3's, and Qwen3-Next's variant with a sigmoid output gate."""
+"""Causal self-attention: Qwen3's, and Qwen3-Next's / Qwen3.5's with a sigmoid output gate."""
 
 import logging
 from dataclasses import dataclass
@@ -24,6 +24,7 @@ class KVCache:
 
     def append(self, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.key is not None:
+            assert self.value is not None, "key and value are cached together"
             key = torch.cat((self.key, key), dim=2)
             value = torch.cat((self.value, value), dim=2)
         self.key, self.value = key, value
@@ -33,9 +34,10 @@ class KVCache:
 class Attention(nn.Module):
     """Grouped-query attention with per-head q/k RMSNorm applied before RoPE.
 
-    Qwen3-Next (`config.is_next`): q_proj is twice as wide, holding per head [query | gate], the
-    output is multiplied by sigmoid(gate), the q/k norms are zero-centred and RoPE may cover only
-    part of each head.
+    With `config.gated_attention` (Qwen3-Next, Qwen3.5) q_proj is twice as wide, holding per
+    head [query | gate], and the output is multiplied by sigmoid(gate); with
+    `config.zero_centred_norms` the q/k norms are zero-centred. RoPE may cover only part of each
+    head (`partial_rotary_factor`).
     """
 
     def __init__(self, config: QwenConfig, layer_index: int, kernels: Kernels | None = None):
@@ -46,14 +48,14 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.gated = config.is_next
+        self.gated = config.gated_attention
         q_width = self.num_heads * self.head_dim * (2 if self.gated else 1)
         kv_width = self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(hidden, q_width, bias=bias)
         self.k_proj = nn.Linear(hidden, kv_width, bias=bias)
         self.v_proj = nn.Linear(hidden, kv_width, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=bias)
-        norm = ZeroCentredRMSNorm if config.is_next else RMSNorm
+        norm = ZeroCentredRMSNorm if config.zero_centred_norms else RMSNorm
         self.q_norm = norm(self.head_dim, config.rms_norm_eps)
         self.k_norm = norm(self.head_dim, config.rms_norm_eps)
         self._logged_path: str | None = None
@@ -78,8 +80,11 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
     def _project(self, x: torch.Tensor):
-        """`q` [B, T, heads, d], `k` and `v` [B, T, kv_heads, d], and the output gate
-        [B, T, heads*d] (None for Qwen3)."""
+        """Project x to the queries, keys, values and output gate.
+
+        `q` [B, T, heads, d], `k` and `v` [B, T, kv_heads, d], and the output gate [B, T, heads*d]
+        (None for Qwen3).
+        """
         q = self.q_proj(x).unflatten(-1, (self.num_heads, -1))
         k = self.k_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         v = self.v_proj(x).unflatten(-1, (self.num_kv_heads, self.head_dim))
@@ -95,8 +100,10 @@ class Attention(nn.Module):
         v: torch.Tensor,
         boundaries: DocumentBoundaries | None,
     ) -> torch.Tensor:
-        """softmax(q k^T / sqrt(d) + mask) v, as [B, T, heads, d]; causal, and within one document
-        when `boundaries` are given."""
+        """Causal attention softmax(q k^T / sqrt(d) + mask) v, as [B, T, heads, d].
+
+        When `boundaries` are given, each query also attends only within its own document.
+        """
         kernels = kernels_for(q, self.kernels)
         if boundaries is not None and (dtype := _varlen_dtype(q, kernels)) is not None:
             self._log_path("FlashAttention varlen over the packed documents")
@@ -138,10 +145,12 @@ class Attention(nn.Module):
 
 
 def _varlen_dtype(q: torch.Tensor, kernels: Kernels) -> torch.dtype | None:
-    """The precision to run FlashAttention's varlen kernel in (the autocast dtype, since the
-    kernel is not autocast-aware itself, else q's), or None where it cannot run: no varlen_attn
-    in `kernels` (see `kernels.usable_varlen_attn`), or q not eligible (not on CUDA, fp32
-    outside autocast)."""
+    """The precision to run FlashAttention's varlen kernel in, or None where it cannot run.
+
+    The precision is the autocast dtype, since the kernel is not autocast-aware itself, else q's.
+    It cannot run with no varlen_attn in `kernels` (see `kernels.usable_varlen_attn`), or with q
+    not eligible (not on CUDA, fp32 outside autocast).
+    """
     if kernels.varlen_attn is None or not kernels.eligible(q):
         return None
     if torch.is_autocast_enabled(q.device.type):
@@ -150,8 +159,7 @@ def _varlen_dtype(q: torch.Tensor, kernels: Kernels) -> torch.dtype | None:
 
 
 def sdpa_expands_kv(device_type: str, masked: bool) -> bool:
-    """Whether to repeat k and v to the query heads before scaled_dot_product_attention instead
-    of passing enable_gqa.
+    """Whether scaled_dot_product_attention gets k and v repeated per query head, not enable_gqa.
 
     On CUDA, grouped heads run fused only in the flash kernel, which takes no mask, and the
     memory-efficient kernel takes a mask but not grouped heads: a masked call with enable_gqa
@@ -162,8 +170,10 @@ def sdpa_expands_kv(device_type: str, masked: bool) -> bool:
 
 
 def grouped_sdpa(q, k, v, mask, is_causal: bool, expand_kv: bool) -> torch.Tensor:
-    """scaled_dot_product_attention of q [B, heads, T, d] over k, v [B, kv_heads, S, d], each
-    kv head serving heads / kv_heads consecutive query heads; `expand_kv` repeats them first."""
+    """scaled_dot_product_attention of q [B, heads, T, d] over k, v [B, kv_heads, S, d].
+
+    Each kv head serves heads / kv_heads consecutive query heads; `expand_kv` repeats them first.
+    """
     if expand_kv:
         group = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

@@ -30,8 +30,9 @@ class DocumentBoundaries:
     def from_cu_seqlens(
         cls, cu_seqlens: torch.Tensor | None, batch: int, length: int
     ) -> "DocumentBoundaries | None":
-        """Validate `cu_seqlens` for a [batch, length] input; None when every row is one document
-        (nothing to separate, so layers take their unmasked fast paths).
+        """Validate `cu_seqlens` for a [batch, length] input; None when every row is one document.
+
+        With nothing to separate, the layers then take their unmasked fast paths.
 
         The offsets are read on the host to be checked: one device sync per forward pass.
         """

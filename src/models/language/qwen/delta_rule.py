@@ -74,8 +74,10 @@ def chunk_gated_delta_rule(
     chunks = -(-length // size)
 
     def blocks(x: torch.Tensor, groups: int) -> torch.Tensor:
-        """[B, T, H, ...] -> [B, groups, H / groups, N, C, ...], fp32, zero-padded to N*C tokens
-        (beta = 0 and g = 0 make padded tokens no-ops)."""
+        """[B, T, H, ...] -> [B, groups, H / groups, N, C, ...], fp32, zero-padded to N*C tokens.
+
+        beta = 0 and g = 0 make the padded tokens no-ops.
+        """
         x = x.float().transpose(1, 2)
         x = F.pad(x, (0, 0) * (x.ndim - 3) + (0, chunks * size - length))
         return x.reshape(batch, groups, -1, chunks, size, *x.shape[3:])
@@ -114,14 +116,15 @@ def chunk_gated_delta_rule(
 
     state = _initial_state(initial_state, (batch, heads, key_dim, value_dim), q.device)
     state = state.view(batch, key_heads, -1, key_dim, value_dim)
-    incoming, corrections = [], []
+    incoming: list[torch.Tensor] = []
+    corrections: list[torch.Tensor] = []
     for n in range(chunks):  # the only sequential part: one state update per block
         incoming.append(state)
         u = new_values[..., n, :, :] - keys_reading_state[..., n, :, :] @ state
         corrections.append(u)
         state = block_decay[..., n, :, :] * state + k_to_last[..., n, :, :] @ u
-    incoming, corrections = torch.stack(incoming, dim=-3), torch.stack(corrections, dim=-3)
-    out = q_reading_state @ incoming + block_attention @ corrections  # [.., N, C, d_v]
+    states_in, block_corrections = torch.stack(incoming, dim=-3), torch.stack(corrections, dim=-3)
+    out = q_reading_state @ states_in + block_attention @ block_corrections  # [.., N, C, d_v]
     out = out.reshape(batch, heads, chunks * size, value_dim)[:, :, :length]
     out = out.transpose(1, 2).to(out_dtype)
     return out, state.reshape(batch, heads, key_dim, value_dim)

@@ -1,4 +1,8 @@
-"""Gated DeltaNet, Qwen3-Next's linear-attention layer, with the short convolution before it.
+"""Gated DeltaNet, the linear-attention layer of Qwen3-Next and Qwen3.5, with its convolution.
+
+The two differ only in their input projections: Qwen3-Next's are fused and grouped per key head
+(`GatedDeltaNet`), Qwen3.5's are four plain ones (`SplitProjectionGatedDeltaNet`);
+`gated_deltanet` builds the one a config's family has.
 
 On a GPU, with `flash-linear-attention` and `causal-conv1d` installed, the chunked recurrence
 and the convolution run as their fused kernels (given the document boundaries; `choose_kernels`
@@ -82,7 +86,7 @@ class ShortConvolution(nn.Module):
 
 
 class GatedDeltaNet(nn.Module):
-    """Token mixer of Qwen3-Next's "linear_attention" layers.
+    """Token mixer of Qwen3-Next's "linear_attention" layers (Qwen3.5's: the subclass below).
 
     x -> in_proj_qkvz, grouped per key head as [q | k | v | z], and in_proj_ba as [b | a] ->
     short convolution + SiLU over [q; k; v] -> beta = sigmoid(b), g = -exp(A_log) *
@@ -103,8 +107,7 @@ class GatedDeltaNet(nn.Module):
         self.key_dim = self.num_key_heads * self.key_head_dim
         self.value_dim = self.num_value_heads * self.value_head_dim
         hidden = config.hidden_size
-        self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
-        self.in_proj_ba = nn.Linear(hidden, 2 * self.num_value_heads, bias=False)
+        self._build_input_projections(hidden)
         conv_channels = 2 * self.key_dim + self.value_dim
         self.conv1d = ShortConvolution(conv_channels, config.linear_conv_kernel_dim)
         self.dt_bias = nn.Parameter(torch.ones(self.num_value_heads))
@@ -113,6 +116,10 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = nn.Linear(self.value_dim, hidden, bias=False)
         self._logged_path: str | None = None
         self.reset_parameters()
+
+    def _build_input_projections(self, hidden: int) -> None:
+        self.in_proj_qkvz = nn.Linear(hidden, 2 * self.key_dim + 2 * self.value_dim, bias=False)
+        self.in_proj_ba = nn.Linear(hidden, 2 * self.num_value_heads, bias=False)
 
     def reset_parameters(self) -> None:
         """Qwen3-Next's gate init: dt_bias 1, A ~ U(0.01, 16) sampled in fp32 (never log 0)."""
@@ -147,8 +154,10 @@ class GatedDeltaNet(nn.Module):
         return self.out_proj(self.norm(o, z).flatten(2))  # o, z [B, T, value_heads, d_v]
 
     def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """The convolution's input [q; k; v] [B, T, 2*key_dim + value_dim], then z [B, T,
-        value_dim], b and a [B, T, value_heads], from the outputs of in_proj_qkvz and in_proj_ba.
+        """The convolution's input [q; k; v], then z, b and a, from in_proj_qkvz and in_proj_ba.
+
+        [q; k; v] is [B, T, 2*key_dim + value_dim], z [B, T, value_dim], b and a
+        [B, T, value_heads].
 
         The checkpoints group each projection's rows per key head, [q | k | v | z] and [b | a],
         where v, z, b and a cover the value heads that key head serves: the outputs are
@@ -181,8 +190,10 @@ class GatedDeltaNet(nn.Module):
         return o
 
     def _fla_delta_rule(self, rule, q, k, v, g, beta, boundaries) -> torch.Tensor:
-        """flash-linear-attention's chunk kernel, which maps value head h to key head
-        h // (value heads / key heads), as the PyTorch code does."""
+        """Run flash-linear-attention's chunk kernel, which pairs heads as the PyTorch code does.
+
+        Value head h reads key head h // (value heads / key heads).
+        """
         batch, length = q.shape[:2]
         offsets = {}
         if boundaries is not None:  # fla takes packed documents as one row
@@ -215,15 +226,40 @@ class GatedDeltaNet(nn.Module):
             self._logged_path = path
 
 
+class SplitProjectionGatedDeltaNet(GatedDeltaNet):
+    """Qwen3.5's Gated DeltaNet: the same layer, its inputs from four separate projections.
+
+    in_proj_qkv gives [q; k; v] in the convolution's order, in_proj_z the output gate, in_proj_b
+    and in_proj_a one value per value head: nothing to regroup.
+    """
+
+    def _build_input_projections(self, hidden: int) -> None:
+        self.in_proj_qkv = nn.Linear(hidden, 2 * self.key_dim + self.value_dim, bias=False)
+        self.in_proj_z = nn.Linear(hidden, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(hidden, self.num_value_heads, bias=False)
+        self.in_proj_a = nn.Linear(hidden, self.num_value_heads, bias=False)
+
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self.in_proj_qkv(x), self.in_proj_z(x), self.in_proj_b(x), self.in_proj_a(x)
+
+
+def gated_deltanet(
+    config: QwenConfig, layer_index: int, kernels: Kernels | None = None
+) -> GatedDeltaNet:
+    """The Gated DeltaNet of `config`'s family: fused projections (Qwen3-Next) or split."""
+    layer = GatedDeltaNet if config.fused_linear_projections else SplitProjectionGatedDeltaNet
+    return layer(config, layer_index, kernels)
+
+
 def choose_kernels(
     kernels: Kernels, qkv: torch.Tensor, kernel_size: int, cache: DeltaNetCache | None
 ) -> tuple[Callable | None, Callable | None]:
-    """The causal-conv1d and flash-linear-attention functions this forward pass calls, each
-    None where it runs PyTorch's code instead.
+    """The causal-conv1d and flash-linear-attention functions this forward pass calls.
 
-    Both need an eligible input (by default on CUDA in fp16/bf16) and a whole sequence (decoding
-    steps carry a cache they cannot read); the convolution kernel also needs a shape it
-    supports, checked (and a misfit logged) by `kernels.causal_conv1d_fits`.
+    Each is None where the pass runs PyTorch's code instead. Both need an eligible input (by
+    default on CUDA in fp16/bf16) and a whole sequence (decoding steps carry a cache they cannot
+    read); the convolution kernel also needs a shape it supports, checked (and a misfit logged)
+    by `kernels.causal_conv1d_fits`.
     """
     if cache is not None or not kernels.eligible(qkv):
         return None, None

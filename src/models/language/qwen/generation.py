@@ -8,10 +8,14 @@ from src.models.language.qwen.deltanet import DeltaNetCache
 
 
 class Cache:
-    """What a QwenLM carries between decoding steps: keys and values for attention layers, the
-    convolution inputs and recurrent state for Gated DeltaNet layers, and the tokens seen."""
+    """What a QwenLM carries between decoding steps: each layer's cache and the tokens seen.
+
+    Attention layers keep keys and values; Gated DeltaNet layers keep the convolution inputs and
+    the recurrent state.
+    """
 
     def __init__(self, config: QwenConfig):
+        assert config.layer_types is not None, "QwenConfig.__post_init__ fills in layer_types"
         self.layers = [
             DeltaNetCache() if layer_type == "linear_attention" else KVCache()
             for layer_type in config.layer_types

@@ -1,5 +1,6 @@
-"""The optional fused GPU kernels, the switch that hands them to the layers, and whether this
-installation's versions can run a given call.
+"""The optional fused GPU kernels, the switch that hands them to the layers, and their checks.
+
+The checks say whether this installation's versions can run a given call.
 
 A `Kernels` holds the kernel functions a model's layers call and says which tensors may go to
 them; a kernel left None runs as the layer's PyTorch code, which gives the same results. By
@@ -30,8 +31,10 @@ FLA_MINIMUM_VERSION = (0, 6)
 
 
 def on_gpu_in_half_precision(x: torch.Tensor) -> bool:
-    """Whether x may go to the fused kernels, which run on CUDA in fp16/bf16 (CUDA autocast
-    included, where norms hand over fp32 activations)."""
+    """Whether x may go to the fused kernels, which run on CUDA in fp16/bf16.
+
+    CUDA autocast counts as fp16/bf16, where the norms hand over fp32 activations.
+    """
     return x.is_cuda and (x.dtype in HALF_PRECISION or torch.is_autocast_enabled("cuda"))
 
 
@@ -56,8 +59,11 @@ PYTORCH = Kernels()  # every layer in PyTorch, on every device
 
 
 def kernels_for(x: torch.Tensor, kernels: Kernels | None) -> Kernels:
-    """The kernels for a layer's input x: `kernels` when the model was given some, else the
-    installed ones where x may use them (imported then), else PyTorch's code."""
+    """The kernels for a layer's input x: the model's own, the installed ones, or PyTorch's code.
+
+    `kernels` when the model was given some, else the installed ones where x may use them
+    (imported then), else PyTorch's code.
+    """
     if kernels is not None:
         return kernels
     return installed_kernels() if on_gpu_in_half_precision(x) else PYTORCH
@@ -68,8 +74,10 @@ _installed: list[Kernels] = []
 
 
 def installed_kernels() -> Kernels:
-    """The fused kernels this installation provides in a form the layers can call, imported on
-    the first call and kept."""
+    """The fused kernels this installation provides, in a form the layers can call.
+
+    They are imported on the first call and kept.
+    """
     if not _installed:
         varlen_attn = _import("torch.nn.attention.varlen", "varlen_attn")
         _installed.append(
@@ -97,8 +105,11 @@ def _flash_linear_attention() -> Callable | None:
 
 
 def usable_fla_rule(rule: Callable, version: str) -> Callable | None:
-    """`rule` when flash-linear-attention `version` serves several value heads from one key
-    head, else None: older releases need as many key heads as value heads."""
+    """`rule` when flash-linear-attention `version` lets value heads share a key head, else None.
+
+    It must serve several value heads from one key head: older releases need as many key heads as
+    value heads.
+    """
     release = tuple(int(part) for part in version.split(".")[:2])
     if release < FLA_MINIMUM_VERSION:
         log.warning(
@@ -113,8 +124,11 @@ def usable_fla_rule(rule: Callable, version: str) -> Callable | None:
 
 @functools.cache
 def takes_keywords(fn: Callable, *names: str) -> bool:
-    """Whether `fn` accepts every keyword in `names`: kernels gain arguments from one release to
-    the next, and passing one they lack raises a TypeError only once training runs."""
+    """Whether `fn` accepts every keyword in `names`.
+
+    Kernels gain arguments from one release to the next, and passing one they lack raises a
+    TypeError only once training runs.
+    """
     try:
         parameters = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # no signature to read (some builtins)
@@ -123,8 +137,10 @@ def takes_keywords(fn: Callable, *names: str) -> bool:
 
 
 def usable_varlen_attn(fn: Callable | None) -> Callable | None:
-    """`fn` (torch's varlen_attn) when it takes `window_size` and `enable_gqa`, else None, so
-    that packed attention runs as masked scaled_dot_product_attention instead."""
+    """`fn` (torch's varlen_attn) when it takes `window_size` and `enable_gqa`, else None.
+
+    With None, packed attention runs as masked scaled_dot_product_attention instead.
+    """
     if fn is None:
         return None
     if not takes_keywords(fn, *VARLEN_KEYWORDS):
@@ -139,8 +155,7 @@ def usable_varlen_attn(fn: Callable | None) -> Callable | None:
 
 
 def causal_conv1d_problem(x: torch.Tensor, kernel_size: int) -> str | None:
-    """Why causal-conv1d's kernel cannot convolve x [B, T, channels] with this kernel size, or
-    None when it can.
+    """Why causal-conv1d's kernel cannot convolve x [B, T, channels] at this kernel size, or None.
 
     The kernel reads x channel-last (x.transpose(1, 2) of a [B, T, channels] tensor), which it
     supports only in vectors of 8 channels, and is compiled for widths 2 to 4.

@@ -25,8 +25,10 @@ class RMSNorm(nn.Module):
 
 
 class ZeroCentredRMSNorm(RMSNorm):
-    """Qwen3-Next's RMSNorm: the gain is `1 + weight` (weight starts at 0, so weight decay pulls the
-    gain towards 1), and the multiply happens in fp32 before the cast back."""
+    """Qwen3-Next's RMSNorm: the gain is `1 + weight`, multiplied in fp32 before the cast back.
+
+    The weight starts at 0, so weight decay pulls the gain towards 1.
+    """
 
     def reset_parameters(self) -> None:
         nn.init.zeros_(self.weight)
@@ -39,22 +41,49 @@ class ZeroCentredRMSNorm(RMSNorm):
 class GatedRMSNorm(RMSNorm):
     """The Gated DeltaNet's output norm: `weight * rmsnorm(o) * silu(z)`, per value head."""
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    def forward(  # type: ignore[override]  # an RMSNorm for its weight and init, plus a gate
+        self, x: torch.Tensor, gate: torch.Tensor
+    ) -> torch.Tensor:
         normed = super().forward(x)
         return (normed * F.silu(gate.float())).to(x.dtype)
 
 
 def rotary_tables(
-    position_ids: torch.Tensor, rotary_dim: int, theta: float, dtype: torch.dtype
+    position_ids: torch.Tensor,
+    rotary_dim: int,
+    theta: float,
+    dtype: torch.dtype,
+    mrope_section: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`cos` and `sin` [B, T, rotary_dim / 2] of the angles position * theta^(-2i/rotary_dim).
 
-    Computed in fp32 from the positions, then cast to the activations' dtype.
+    position_ids are [B, T], or with `mrope_section` (Qwen3.5's multimodal RoPE) also
+    [3, B, T]: temporal, height and width positions, of which frequency i reads the one that
+    `mrope_streams` gives it. Computed in fp32 from the positions, then cast to the activations'
+    dtype.
     """
     exponents = torch.arange(0, rotary_dim, 2, device=position_ids.device).float() / rotary_dim
     inv_freq = 1.0 / (theta**exponents)  # [rotary_dim / 2]
-    angles = position_ids[..., None].float() * inv_freq  # [B, T, rotary_dim / 2]
+    angles = position_ids[..., None].float() * inv_freq  # [(3,) B, T, rotary_dim / 2]
+    if position_ids.ndim == 3:
+        assert mrope_section is not None, "QwenLM.forward takes [3, B, T] positions for mrope only"
+        half = inv_freq.shape[0]
+        streams = mrope_streams(mrope_section, half).to(angles.device)
+        angles = angles.movedim(0, -1)[..., torch.arange(half, device=angles.device), streams]
     return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def mrope_streams(mrope_section: list[int], frequencies: int) -> torch.Tensor:
+    """Which position stream (0 temporal, 1 height, 2 width) each rotary frequency reads.
+
+    Interleaved as transformers' Qwen3.5 does: frequencies 1, 4, 7, ... (the first
+    mrope_section[1] of them) read the height, 2, 5, 8, ... (mrope_section[2]) the width, the
+    rest the temporal position, so that every stream spans low and high frequencies.
+    """
+    streams = torch.zeros(frequencies, dtype=torch.long)
+    for stream in (1, 2):
+        streams[stream : 3 * mrope_section[stream] : 3] = stream
+    return streams
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
-"""Next-token loss from the final hidden states and the head's weight, without [tokens, vocab]
-logits: at Qwen3's 151,936-token vocabulary those are the largest tensor of a training step.
+"""Next-token loss from the final hidden states and head weight, without [tokens, vocab] logits.
+
+At Qwen3's 151,936-token vocabulary those logits are the largest tensor of a training step.
 
 With gradients, PyTorch's `F.linear_cross_entropy` computes the head and the loss in row chunks.
 Without gradients (validation, test) a short loop over the same chunks also counts the argmax

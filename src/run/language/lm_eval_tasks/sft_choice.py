@@ -34,10 +34,10 @@ def make_questions(per_task: int = 20, seed: int = 17) -> list[dict]:
     for _ in range(per_task):  # the tasks in turn, so that the first N (limit=N) mix them all
         for name in SHORT_TASKS:
             prompt, answer = TASKS[name](rng)
-            choices = {answer}
-            while len(choices) < CHOICES:
-                choices.add(TASKS[name](rng)[1])
-            choices = sorted(choices)  # a set of strings has another order in each process
+            drawn = {answer}
+            while len(drawn) < CHOICES:
+                drawn.add(TASKS[name](rng)[1])
+            choices = sorted(drawn)  # a set of strings has another order in each process
             rng.shuffle(choices)
             index = choices.index(answer)
             questions.append({"task": name, "prompt": prompt, "choices": choices, "answer": index})

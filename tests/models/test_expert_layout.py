@@ -4,7 +4,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from src.models.language.qwen.expert_layout import stack_experts, unstack_experts
+from src.models.language.qwen.transformers_format.expert_layout import (
+    stack_experts,
+    unstack_experts,
+)
 from src.utils.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")

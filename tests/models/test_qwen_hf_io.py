@@ -10,8 +10,11 @@ from safetensors.torch import load_file, save_file
 
 from src.models.language.language_model import LanguageModel
 from src.models.language.qwen import QwenConfig, QwenLM
-from src.models.language.qwen.hf_io import check_same_architecture, config_from_hf
-from src.models.language.qwen.state_dict_adapter import ADAPTERS
+from src.models.language.qwen.transformers_format.folders import (
+    check_same_architecture,
+    config_from_hf,
+)
+from src.models.language.qwen.transformers_format.state_dict_adapter import ADAPTERS
 from src.utils.errors import CheckpointError, ConfigError
 from tests.helpers import ROOT, perturbed_model, tiny_config
 

@@ -165,3 +165,40 @@ def test_activation_checkpointing_keeps_the_gradients_of_the_auxiliary_loss(pair
         gradients.append({name: p.grad.clone() for name, p in model.named_parameters()})
     for name, expected in gradients[0].items():
         assert torch.allclose(gradients[1][name], expected, atol=1e-6), name
+
+
+def test_a_qwen3_5_moe_multimodal_folder_trains_its_language_model_and_keeps_the_rest(tmp_path):
+    """Qwen3.5-MoE and Qwen3.6 ship as Qwen3_5MoeForConditionalGeneration folders."""
+    torch.manual_seed(2)
+    text = {**COMMON, **HYBRID, "vocab_size": 97}
+    text["rope_parameters"] = {
+        "rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+        "mrope_section": [1, 1, 0], "mrope_interleaved": True,
+    }  # fmt: skip
+    vision = dict(
+        depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=48,
+        patch_size=2, temporal_patch_size=1, spatial_merge_size=1,
+    )  # fmt: skip
+    config = transformers.Qwen3_5MoeConfig(
+        text_config=text, vision_config=vision, image_token_id=95, video_token_id=96
+    )
+    theirs = transformers.Qwen3_5MoeForConditionalGeneration(config).eval()
+    theirs.save_pretrained(tmp_path / "released")
+    ours = QwenLM.from_pretrained(tmp_path / "released")
+    assert ours.config.model_type == "qwen3_5_moe"
+    ids = token_ids() % 90  # text only: below the vision tokens
+    with torch.no_grad():
+        assert max_difference(ours(ids), theirs(input_ids=ids).logits) < TOLERANCE
+        for parameter in ours.parameters():
+            parameter.add_(0.01)  # as if trained
+        tuned = ours(ids)
+    ours.save_pretrained(tmp_path / "tuned")
+    released = load_file(tmp_path / "released" / "model.safetensors")
+    written = load_file(tmp_path / "tuned" / "model.safetensors")
+    assert written.keys() == released.keys()
+    for key in (k for k in released if k.startswith("model.visual.")):
+        assert torch.equal(written[key], released[key]), key
+    again = transformers.AutoModelForImageTextToText.from_pretrained(tmp_path / "tuned").eval()
+    assert type(again).__name__ == "Qwen3_5MoeForConditionalGeneration"
+    with torch.no_grad():
+        assert max_difference(again(input_ids=ids).logits, tuned) < TOLERANCE

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from src.models.language.qwen import QwenLM
-from src.models.language.qwen.state_dict_adapter import ADAPTERS
+from src.models.language.qwen.transformers_format.state_dict_adapter import ADAPTERS
 from tests.helpers import perturbed_model, tiny_config
 from tests.models.support import max_difference
 

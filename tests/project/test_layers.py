@@ -44,3 +44,14 @@ def test_tests_share_code_only_through_support_modules_and_call_scripts_only_thr
                 )
             if module.startswith("scripts."):
                 assert names == ["main"], f"{where} imports {names or module} of {module}"
+
+
+def test_no_folder_under_src_holds_more_than_twelve_modules():
+    """Rooms stay rooms: a folder that outgrows twelve modules is split by domain."""
+    crowded = {
+        str(folder.relative_to(ROOT)): count
+        for folder in [ROOT / "src", *(ROOT / "src").rglob("*/")]
+        if folder.is_dir() and folder.name != "__pycache__"
+        if (count := len([p for p in folder.glob("*.py") if p.name != "__init__.py"])) > 12
+    }
+    assert not crowded, f"folders with more than 12 modules: {crowded}"

@@ -12,10 +12,13 @@ from src.models.language.adapters import build_adapter
 from src.models.language.exact_match import count_exact_matches
 from src.models.language.parallel import shard_decoder_layers
 from src.models.language.qwen import QwenConfig, QwenLM
-from src.models.language.qwen.hf_io import config_for_checkpoint, folder_layout
 from src.models.language.qwen.kernels import PYTORCH
 from src.models.language.qwen.loss import TokenLoss
 from src.models.language.qwen.moe import expert_load
+from src.models.language.qwen.transformers_format.folders import (
+    config_for_checkpoint,
+    folder_layout,
+)
 from src.models.optimization import OptimizedModule, OptimizerFactory
 from src.utils.contracts import TOKENS, ExactMatchExample, Tokenizer
 from src.utils.errors import ConfigError

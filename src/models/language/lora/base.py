@@ -14,7 +14,11 @@ import torch
 
 from src.models.language.lora.injection import is_adapter_key
 from src.models.language.qwen import QwenLM
-from src.models.language.qwen.hf_io import check_same_architecture, read_hf_weights, weight_files
+from src.models.language.qwen.transformers_format.folders import (
+    check_same_architecture,
+    read_hf_weights,
+    weight_files,
+)
 from src.utils.errors import CheckpointError, MissingFileError
 
 BASE_KEY = "adapter_base"  # the checkpoint entry naming the base

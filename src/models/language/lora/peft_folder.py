@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from src.models.language.lora.injection import ADAPTER_NAME, adapter_state, lora_modules
 from src.models.language.lora.spec import MLP_TARGETS, AdapterSpec, import_peft
 from src.models.language.qwen import QwenLM
-from src.models.language.qwen.state_dict_adapter import adapter_for
+from src.models.language.qwen.transformers_format.state_dict_adapter import adapter_for
 from src.utils.errors import ConfigError, MissingFileError
 
 log = logging.getLogger(__name__)

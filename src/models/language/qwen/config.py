@@ -3,7 +3,7 @@
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from src.models.language.qwen.state_dict_adapter import ADAPTERS
+from src.models.language.qwen.transformers_format.state_dict_adapter import ADAPTERS
 from src.utils.errors import ConfigError
 
 LAYER_TYPES = ("full_attention", "linear_attention")

@@ -3,8 +3,8 @@
 Reading order: `DecoderLayer` (pre-norm residual block around a token mixer and an MLP), then
 `QwenLM` (embedding, layers, final norm, lm_head). The mixers live in `attention.py` and
 `deltanet.py`, the norms, RoPE and MLP in `layers.py`, the mixture of experts in `moe.py`;
-transformers' folders are read and written
-by `hf_io.py`, through the state-dict adapter of each model type (`state_dict_adapter.py`).
+transformers' folders are read and written by `transformers_format/`, through the state-dict
+adapter of each model type.
 """
 
 from pathlib import Path
@@ -19,16 +19,16 @@ from src.models.language.qwen.boundaries import DocumentBoundaries
 from src.models.language.qwen.config import QwenConfig
 from src.models.language.qwen.deltanet import GatedDeltaNet, ShortConvolution, gated_deltanet
 from src.models.language.qwen.generation import Cache, generate
-from src.models.language.qwen.hf_io import (
+from src.models.language.qwen.kernels import Kernels
+from src.models.language.qwen.layers import MLP, RMSNorm, ZeroCentredRMSNorm, rotary_tables
+from src.models.language.qwen.loss import TokenLoss, next_token_loss
+from src.models.language.qwen.moe import Experts, Router, SparseMoeBlock, load_balancing_loss
+from src.models.language.qwen.transformers_format.folders import (
     check_same_architecture,
     read_hf_config,
     read_hf_weights,
     save_hf_directory,
 )
-from src.models.language.qwen.kernels import Kernels
-from src.models.language.qwen.layers import MLP, RMSNorm, ZeroCentredRMSNorm, rotary_tables
-from src.models.language.qwen.loss import TokenLoss, next_token_loss
-from src.models.language.qwen.moe import Experts, Router, SparseMoeBlock, load_balancing_loss
 from src.utils.errors import DataError
 
 

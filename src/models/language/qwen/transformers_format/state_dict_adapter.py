@@ -4,7 +4,7 @@ An adapter keeps one contract (`QwenStateDictAdapter`'s methods): `config_from_h
 `config_to_hf` map config.json to QwenConfig's fields and back, and an adapter made for one
 QwenConfig maps state dicts with `from_hf` and `to_hf`, and single names with `hf_key`.
 Checkpoint tensors that QwenLM does not use (`unused_prefixes`: a vision tower, MTP layers)
-stay out of its state dict; hf_io writes them back from the source folder on saving.
+stay out of its state dict; `folders` writes them back from the source folder on saving.
 `ADAPTERS` is the one place that says which model types exist: a variant is an adapter added
 there, with its family in config.FAMILIES (and, where its math differs, a block in the model).
 """
@@ -14,7 +14,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from src.models.language.qwen.expert_layout import stack_experts, unstack_experts
+from src.models.language.qwen.transformers_format.expert_layout import (
+    stack_experts,
+    unstack_experts,
+)
 from src.utils.errors import ConfigError
 
 if TYPE_CHECKING:  # QwenConfig takes its model types from ADAPTERS below

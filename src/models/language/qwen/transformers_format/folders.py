@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from src.models.language.qwen.config import QwenConfig
-from src.models.language.qwen.state_dict_adapter import (
+from src.models.language.qwen.transformers_format.state_dict_adapter import (
     ADAPTERS,
     QwenStateDictAdapter,
     adapter_for,

@@ -4,6 +4,8 @@ Each reference block gets random weights, ours loads its state dict strictly (so
 names are transformers'), and both run on the same input, in fp32 on the CPU.
 """
 
+import copy
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -281,3 +283,14 @@ def test_half_precision_and_unsupported_dtypes():
 def test_sizes_grouped_mm_cannot_take():
     with pytest.raises(ValueError, match="multiples of 8"):
         Experts(hidden_size=30, intermediate_size=16, num_experts=4)
+
+
+def test_a_block_that_has_run_with_gradients_deep_copies_without_its_routing():
+    """EMA and other callbacks copy the model mid-training; the router's graph cannot be copied."""
+
+    block = SparseMoeBlock(16, 8, 4, 2, True)
+    block(torch.randn(1, 3, 16, requires_grad=True))
+    twin = copy.deepcopy(block)
+    assert twin.last_routing is None
+    assert block.last_routing is not None
+    assert torch.equal(twin.experts.gate_up_proj, block.experts.gate_up_proj)

@@ -175,6 +175,12 @@ class SparseMoeBlock(nn.Module):
         self.last_routing = Routing(router_logits=logits, tokens_per_expert=counts)
         return out.view(batch, length, hidden_size)
 
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave out the last forward's routing, whose graph cannot be copied."""
+        state = dict(self.__dict__)
+        state.pop("last_routing", None)
+        return state
+
     @property
     def router_logits(self) -> torch.Tensor:
         """The last forward's router logits [B * T, E], with their graph."""

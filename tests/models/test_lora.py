@@ -20,9 +20,10 @@ from src.models.language.language_model import LanguageModel
 from src.models.language.lora.adapter import LoraAdapter, attach_lora
 from src.models.language.lora.base import fingerprint
 from src.models.language.lora.injection import adapter_state, is_adapter_key
-from src.models.language.lora.spec import DEFAULT_TARGETS
+from src.models.language.lora.spec import DEFAULT_TARGETS, AdapterSpec
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.run.config.checks import check_config_types
+from src.run.config.compose import ROOT
 from src.run.language.hf_export import export_for_transformers, export_peft
 from src.utils.contracts import Adapter
 from src.utils.errors import CheckpointError, ConfigError
@@ -141,6 +142,13 @@ def test_only_the_adapters_require_grad_and_reach_the_optimizer(tmp_path, model_
     model.net(batch).float().pow(2).mean().backward()
     for name, parameter in model.named_parameters():
         assert (parameter.grad is not None) == is_adapter_key(name), name
+
+
+def test_the_lora_config_adapts_what_the_code_adapts_by_default():
+    """conf/adapter/lora.yaml mirrors AdapterSpec's defaults, Qwen3.5's split projections too."""
+    config = OmegaConf.load(ROOT / "conf" / "adapter" / "lora.yaml").adapter
+    assert tuple(config.target_modules) == AdapterSpec().target_modules == DEFAULT_TARGETS
+    assert config.target_experts is AdapterSpec().target_experts is False
 
 
 def test_the_model_holds_lora_or_no_adapter_behind_one_contract(tmp_path):

@@ -15,8 +15,11 @@ from src.utils.errors import ConfigError
 def shard_decoder_layers(net: QwenLM, device_mesh: DeviceMesh | None) -> None:
     """Shard each decoder layer, then the rest as the root, over the mesh's data-parallel dimension.
 
-    The rest is the embedding, final norm and lm_head. Idempotent: Lightning calls
-    `configure_model` again for testing after fitting.
+    The rest is the embedding, final norm and lm_head. A mixture of experts' router, stacked
+    expert weights [E, out, in] and their LoRA adapters are sharded on dim 0 like every other
+    parameter (FSDP2 pads when E does not divide by the mesh size); LoRA on the experts folds
+    B @ A into the gathered weight inside the layer's forward, so it needs nothing more here.
+    Idempotent: Lightning calls `configure_model` again for testing after fitting.
     """
     if device_mesh is None or isinstance(net, FSDPModule):
         return

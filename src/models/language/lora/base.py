@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from src.models.language.lora.injection import is_adapter_key
+from src.models.language.lora.injection import is_adapter_key, plain_key
 from src.models.language.qwen import QwenLM
 from src.models.language.qwen.transformers_format.folders import (
     check_same_architecture,
@@ -129,12 +129,11 @@ def complete_state_dict(checkpoint: dict[str, Any], own: Mapping[str, torch.Tens
 def load_base(net: QwenLM, folder: str | Path) -> None:
     """Load a transformers folder's weights under `net`'s adapters.
 
-    peft renames an adapted `x.weight` to `x.base_layer.weight`.
+    peft renames an adapted `x.weight` to `x.base_layer.weight` (an adapted expert weight
+    `experts.base_layer.base_layer.down_proj`).
     """
     check_same_architecture(net.config, folder)
-    names = {
-        key.replace(".base_layer.", "."): key for key in net.state_dict() if not is_adapter_key(key)
-    }
+    names = {plain_key(key): key for key in net.state_dict() if not is_adapter_key(key)}
     own = net.state_dict()
     expected = {plain: own[key] for plain, key in names.items()}
     state = read_hf_weights(folder, expected)

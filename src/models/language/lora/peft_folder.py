@@ -1,25 +1,42 @@
 """peft's adapter folder: `adapter_config.json` + `adapter_model.safetensors`.
 
 `peft.PeftModel.from_pretrained` loads it onto transformers' Qwen3ForCausalLM /
-Qwen3NextForCausalLM built from the same base folder, and a run reads it back to go on training
-(`adapter.path`).
+Qwen3NextForCausalLM / Qwen3MoeForCausalLM / Qwen3_5MoeForCausalLM built from the same base
+folder (the experts' adapters included: they are the same ParamWrapper on the same stacked
+weights there), and a run reads it back to go on training (`adapter.path`).
 """
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from src.models.language.lora.injection import ADAPTER_NAME, adapter_state, lora_modules
-from src.models.language.lora.spec import MLP_TARGETS, AdapterSpec, import_peft
+from src.models.language.lora.injection import (
+    ADAPTER_NAME,
+    adapter_state,
+    is_parameter_lora,
+    lora_modules,
+)
+from src.models.language.lora.spec import (
+    EXPERT_PARAMETERS,
+    MLP_TARGETS,
+    AdapterSpec,
+    import_peft,
+)
 from src.models.language.qwen import QwenLM
 from src.models.language.qwen.transformers_format.state_dict_adapter import adapter_for
 from src.utils.errors import ConfigError, MissingFileError
 
 log = logging.getLogger(__name__)
+
+# The model types whose MLP names peft rewrites into expert parameters (see peft_config_dict).
+PEFT_REWRITES_MLP = ("qwen3_moe", "qwen3_next")
+LAYER_PREFIX = re.compile(r"^(.*\.)?layers\.\d+\.")  # `model.layers.3.` before `mlp.gate_proj`
+EXPERT_WEIGHTS = tuple(name.rsplit(".", 1)[-1] for name in EXPERT_PARAMETERS)
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."  # what PeftModel puts before the transformers model's names
@@ -41,23 +58,35 @@ def from_peft_key(key: str) -> str:
     return key
 
 
+def is_mlp(module_name: str) -> bool:
+    """Whether an adapted module is a dense MLP's or a shared expert's projection."""
+    return module_name.rsplit(".", 1)[-1] in MLP_TARGETS and ".mlp." in module_name
+
+
 def peft_config_dict(spec: AdapterSpec, net: QwenLM, base: dict[str, str] | None) -> dict:
     """adapter_config.json for transformers' model of `net`'s architecture.
 
-    peft (0.17 to at least 0.21) treats every "qwen3_next" model as a mixture of experts and,
-    under transformers 5, turns the MLP names `gate_proj`/`up_proj`/`down_proj` of
-    target_modules into expert parameters that a dense Qwen3-Next lacks, dropping those
-    adapters. A Qwen3-Next adapter therefore names its MLP weights in `target_parameters`
-    (`mlp.gate_proj.weight`), which peft adapts with the same B @ A update; that form takes no
-    dropout, a training-only setting, so it is written as 0 there.
+    peft (0.17 to at least 0.21), under transformers 5, takes every "qwen3_moe" and "qwen3_next"
+    model for a mixture of experts and turns the MLP names `gate_proj`/`up_proj`/`down_proj` of
+    target_modules into the routed experts' parameters, dropping the adapters of a dense MLP
+    (Qwen3-Next's, or a dense layer's among sparse ones) and of a shared expert. Those models'
+    adapters therefore name their MLP weights in `target_parameters` (`mlp.gate_proj.weight`,
+    `mlp.shared_expert.gate_proj.weight`), which peft adapts with the same B @ A update. The
+    experts' own adapters are `target_parameters` too (`experts.gate_up_proj`,
+    `experts.down_proj`). That form takes no dropout, a training-only setting, so it is written
+    as 0 there.
     """
-    targets = sorted({name.rsplit(".", 1)[-1] for name in lora_modules(net)})
+    modules = {name for name, module in lora_modules(net).items() if not is_parameter_lora(module)}
+    targets = sorted({name.rsplit(".", 1)[-1] for name in modules})
     parameters: list[str] = []
-    dropout = float(spec.dropout)
-    if net.config.is_next:
-        parameters = [f"mlp.{name}.weight" for name in targets if name in MLP_TARGETS]
+    if net.config.model_type in PEFT_REWRITES_MLP:
+        parameters = sorted(
+            {f"{LAYER_PREFIX.sub('', name)}.weight" for name in modules if is_mlp(name)}
+        )
         targets = [name for name in targets if name not in MLP_TARGETS]
-        dropout = 0.0 if parameters else dropout
+    if spec.target_experts:
+        parameters += list(EXPERT_PARAMETERS)
+    dropout = 0.0 if parameters else float(spec.dropout)
     config = import_peft().LoraConfig(
         task_type="CAUSAL_LM",
         base_model_name_or_path=base["path"] if base else None,
@@ -128,16 +157,31 @@ def read_peft_folder(spec: AdapterSpec) -> tuple[AdapterSpec, dict[str, torch.Te
             f"{config_file}: target_modules={targets!r} is a pattern; LoRA here names its "
             f'modules, so list them there (e.g. ["q_proj", "v_proj"]).'
         )
-    # A Qwen3-Next export names its MLP weights as parameters: `mlp.gate_proj.weight`.
-    targets = [*targets, *(p.rsplit(".", 2)[-2] for p in values.get("target_parameters") or [])]
+    # Qwen3-MoE and Qwen3-Next exports name their MLP weights as parameters
+    # (`mlp.gate_proj.weight`), and any export its experts' (`experts.gate_up_proj`).
+    parameters = values.get("target_parameters") or []
+    experts = {p.rsplit(".", 1)[-1] for p in parameters if p.rsplit(".", 1)[-1] in EXPERT_WEIGHTS}
+    if experts and experts != set(EXPERT_WEIGHTS):
+        raise ConfigError(
+            f"{config_file}: target_parameters={parameters} adapts the experts' "
+            f"{sorted(experts)} alone; LoRA here adapts both {list(EXPERT_PARAMETERS)} or neither"
+        )
+    others = [p for p in parameters if p.rsplit(".", 1)[-1] not in EXPERT_WEIGHTS]
+    if strange := [p for p in others if not p.endswith(".weight")]:
+        raise ConfigError(
+            f"{config_file}: target_parameters {strange} name no projection's weight nor the "
+            f"experts' {list(EXPERT_PARAMETERS)}"
+        )
+    targets = [*targets, *(p.rsplit(".", 2)[-2] for p in others)]
     read = AdapterSpec(
         r=int(values["r"]),
         alpha=float(values["lora_alpha"]),
         dropout=spec.dropout,
         target_modules=tuple(dict.fromkeys(targets)),
+        target_experts=bool(experts),
         path=spec.path,
     )
-    given = {k: getattr(spec, k) for k in ("r", "alpha", "target_modules")}
+    given = {k: getattr(spec, k) for k in ("r", "alpha", "target_modules", "target_experts")}
     differing = [
         k for k, v in given.items() if v != getattr(read, k) and v != AdapterSpec.default(k)
     ]

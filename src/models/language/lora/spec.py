@@ -8,6 +8,10 @@ from src.utils.errors import ConfigError
 
 # Every projection of Qwen3 / Qwen3-Next / Qwen3.5 layers, by the checkpoints' names: full
 # attention, Gated DeltaNet, MLP. Names a model lacks (in_proj_* in a dense Qwen3) match nothing.
+# A name matches a module whose name ends with `.<name>`, so in a mixture of experts the MLP names
+# match the shared expert's nn.Linear layers (`mlp.shared_expert.gate_proj`) and nothing else:
+# not the router (`mlp.gate`, a raw weight), not `mlp.shared_expert_gate`, not the experts (two
+# stacked parameters, `target_experts`).
 DEFAULT_TARGETS = (
     "q_proj",
     "k_proj",
@@ -25,6 +29,15 @@ DEFAULT_TARGETS = (
     "down_proj",
 )
 MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+# The routed experts' stacked weights, [E, out, in] each, adapted as parameters (peft's
+# `target_parameters`): one B @ A per expert. A name matches a parameter whose name ends with it.
+EXPERT_PARAMETERS = ("experts.gate_up_proj", "experts.down_proj")
+# Names that match no nn.Linear of a mixture of experts, refused with what to ask for instead.
+NOT_LINEAR = {
+    "gate": "mlp.gate is the router, which LoRA leaves alone",
+    "experts": "set adapter.target_experts=true to adapt the experts",
+    "gate_up_proj": "set adapter.target_experts=true to adapt the experts",
+}
 
 
 def import_peft():
@@ -42,14 +55,16 @@ class AdapterSpec:
     """The `adapter` config group's values, which describe the LoRA adapters to inject.
 
     LoRA rank `r`, scale `alpha / r`, dropout on the adapters' input, the module names to adapt,
-    and optionally `path`, a peft adapter folder to start from (which then sets r, alpha and
-    target_modules).
+    whether to adapt a mixture of experts' routed experts too (`target_experts`: their stacked
+    weights, without dropout, which peft cannot apply to a parameter's input), and optionally
+    `path`, a peft adapter folder to start from (which then sets r, alpha and the targets).
     """
 
     r: int = 16
     alpha: float = 32.0
     dropout: float = 0.0
     target_modules: tuple[str, ...] = DEFAULT_TARGETS
+    target_experts: bool = False
     path: str | None = None
 
     @classmethod
@@ -67,6 +82,13 @@ class AdapterSpec:
                 f"adapter: r must be at least 1 (got {spec.r}), dropout in [0, 1) (got "
                 f"{spec.dropout}) and target_modules non-empty (got {list(spec.target_modules)})"
             )
+        if not isinstance(spec.target_experts, bool):
+            raise ConfigError(
+                f"adapter.target_experts must be true or false, got {spec.target_experts!r}"
+            )
+        if wrong := [name for name in spec.target_modules if name in NOT_LINEAR]:
+            reasons = "; ".join(f"{name}: {NOT_LINEAR[name]}" for name in wrong)
+            raise ConfigError(f"adapter.target_modules={list(spec.target_modules)}: {reasons}")
         return spec
 
     @classmethod
@@ -81,9 +103,25 @@ class AdapterSpec:
         return values
 
     def lora_config(self):
+        """The peft config for the adapted nn.Linear layers."""
         return import_peft().LoraConfig(
             r=int(self.r),
             lora_alpha=float(self.alpha),
             lora_dropout=float(self.dropout),
             target_modules=list(self.target_modules),
+        )
+
+    def expert_lora_config(self):
+        """The peft config for the experts' stacked weights; None unless `target_experts`.
+
+        peft takes no dropout on a parameter (0.17 to at least 0.21), so it is 0 there.
+        """
+        if not self.target_experts:
+            return None
+        return import_peft().LoraConfig(
+            r=int(self.r),
+            lora_alpha=float(self.alpha),
+            lora_dropout=0.0,
+            target_modules=None,
+            target_parameters=list(EXPERT_PARAMETERS),
         )

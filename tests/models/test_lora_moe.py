@@ -266,7 +266,7 @@ def test_peft_loads_the_expert_adapters_onto_transformers_with_the_same_logits(e
 
 def test_the_exported_folder_loads_back_with_its_expert_adapters(exported):
     _, adapter, base, folder = exported
-    read, _, trained_on = read_peft_folder(AdapterSpec(path=str(folder)))
+    read, _, trained_on = read_peft_folder(AdapterSpec(path=str(folder)), adapter.net)
     assert read.target_experts
     assert trained_on == adapter.base["fingerprint"]
     again = attach_lora(QwenLM.from_pretrained(base), {"path": str(folder)}, pretrained=str(base))
@@ -280,7 +280,7 @@ def test_the_exported_folder_loads_back_with_its_expert_adapters(exported):
 
 
 def test_one_expert_weight_alone_is_refused_on_reading(exported, tmp_path):
-    _, _, _, folder = exported
+    _, adapter, _, folder = exported
     config = json.loads((folder / "adapter_config.json").read_text())
     config["target_parameters"] = ["experts.down_proj"]
     (tmp_path / "adapter_config.json").write_text(json.dumps(config))
@@ -288,7 +288,7 @@ def test_one_expert_weight_alone_is_refused_on_reading(exported, tmp_path):
         (folder / "adapter_model.safetensors").read_bytes()
     )
     with pytest.raises(ConfigError, match="both"):
-        read_peft_folder(AdapterSpec(path=str(tmp_path)))
+        read_peft_folder(AdapterSpec(path=str(tmp_path)), adapter.net)
 
 
 # -- FSDP2 -------------------------------------------------------------------------------------

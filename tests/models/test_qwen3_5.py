@@ -15,10 +15,12 @@ from safetensors.torch import load_file, save_file
 
 from src.data.corpus.tokenizers import ByteTokenizer
 from src.models.language.language_model import SOURCE_KEY, LanguageModel
+from src.models.language.lora.injection import adapter_state
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.models.language.qwen.layers import rotary_tables
 from src.run.language.hf_export import export_for_transformers, export_peft
 from src.utils.errors import ConfigError, DataError, MissingFileError
+from tests.helpers import assert_same_tensors
 from tests.models.support import max_difference
 
 transformers = pytest.importorskip("transformers")
@@ -316,6 +318,16 @@ def test_peft_loads_the_exported_adapters_onto_transformers_model(
         ours = model.net(IDS)
         difference = max_difference(ours, theirs.eval()(input_ids=IDS, use_cache=False).logits)
     assert difference < 1e-4, f"{kind}: logits with the adapters differ by {difference}"
+
+    # The folder loads back to train on (adapter.path), with the same adapters.
+    config = model.net.config.to_dict()
+    again = LanguageModel(
+        config,
+        pretrained=str(folder),
+        kernels="pytorch",
+        adapter={"path": str(tmp_path / "adapter")},
+    )
+    assert_same_tensors(adapter_state(model.net), adapter_state(again.net), "adapters")
 
 
 # -- inputs the text model cannot read -------------------------------------------------------------

@@ -93,7 +93,7 @@ def attach_lora(net: QwenLM, values: Mapping[str, Any], pretrained: str | None) 
     base = base_identity(pretrained) if pretrained else None
     state = None
     if spec.path:
-        spec, state, trained_on = read_peft_folder(spec)
+        spec, state, trained_on = read_peft_folder(spec, net)
         if base and trained_on and trained_on != base["fingerprint"]:
             raise CheckpointError(
                 f"adapter.path={spec.path}: these adapters were trained on a base with "

@@ -125,11 +125,13 @@ def save_peft_folder(
     save_file(tensors, folder / WEIGHTS_FILE, metadata=metadata)
 
 
-def read_peft_folder(spec: AdapterSpec) -> tuple[AdapterSpec, dict[str, torch.Tensor], str | None]:
+def read_peft_folder(
+    spec: AdapterSpec, net: QwenLM
+) -> tuple[AdapterSpec, dict[str, torch.Tensor], str | None]:
     """The spec that a peft LoRA folder describes, its weights and the base fingerprint it records.
 
     The spec takes the folder's r, alpha and targets and this run's dropout; the weights are by
-    the network's names.
+    `net`'s names (a multimodal folder's adapters sit under its language model's prefix).
     """
     assert spec.path is not None, "read_peft_folder reads the folder that spec.path names"
     folder = Path(spec.path)
@@ -192,7 +194,11 @@ def read_peft_folder(spec: AdapterSpec) -> tuple[AdapterSpec, dict[str, torch.Te
             ", ".join(differing),
             CONFIG_FILE,
         )
-    state = {from_peft_key(key): value for key, value in load_file(weights_file).items()}
+    names = adapter_for(net.config)
+    state = {
+        names.key_from_hf(from_peft_key(key)): value
+        for key, value in load_file(weights_file).items()
+    }
     with safe_open(weights_file, "pt") as handle:
         trained_on = (handle.metadata() or {}).get("base_fingerprint")
     return read, state, trained_on

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.run.config.compose import ROOT, compose_run_config
+from tests.warm_interpreter import run_warm
 from train import train
 
 os.environ.setdefault("PROJECT_ROOT", str(ROOT))
@@ -178,15 +179,21 @@ def run_script(
     **options,
 ) -> subprocess.CompletedProcess:
     """`python <script> <args>` from the repository root, as a user types it, its output
-    captured as text. With `check`, a non-zero exit fails the test with the end of stderr."""
-    result = subprocess.run(
-        [*launcher, str(ROOT / script), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        **options,
-    )
+    captured as text. With `check`, a non-zero exit fails the test with the end of stderr.
+
+    A Python script with the default launcher and environment runs in a warm interpreter
+    (tests/warm_interpreter.py), any other the cold way."""
+    argv = [str(ROOT / script), *args]
+    if (
+        tuple(launcher) == (sys.executable,)
+        and script.endswith(".py")
+        and options.keys() <= {"start_new_session"}
+    ):
+        result = run_warm(argv, cwd=ROOT, timeout=timeout, **options)
+    else:
+        result = subprocess.run(
+            [*launcher, *argv], cwd=ROOT, capture_output=True, text=True, timeout=timeout, **options
+        )
     if check and result.returncode != 0:
         pytest.fail(
             f"{script} {' '.join(args)} exited with {result.returncode}:\n{result.stderr[-3000:]}"

@@ -3,10 +3,12 @@
 A shell block whose info string is `bash runnable` (CONTRIBUTING.md) holds commands that must
 succeed, one per line. The tests run a document's commands in its order in a temporary copy of
 the tracked files, with the current interpreter for `python` and overrides appended that shrink
-each run to a few batches (a value the command sets itself wins, except the FORCED ones).
-`<run>` in a path is the run directory of the newest matching file that an earlier command of
-the same document wrote. `make test` runs the README's commands in FAST; `make test-slow` runs
-every document's. The site's nav (mkdocs.yml) must list every guide.
+each run to a few batches (a value the command sets itself wins, except the FORCED ones);
+Python scripts run in a warm interpreter (tests/warm_interpreter.py), which differs from a
+cold one only in the project's own variables, and those no preloaded library reads. `<run>` in
+a path is the run directory of the newest matching file that an earlier command of the same
+document wrote. `make test-slow` runs every document's commands. The site's nav (mkdocs.yml)
+must list every guide.
 """
 
 import os
@@ -24,6 +26,8 @@ import pytest
 import yaml
 from PIL import Image
 
+from tests.warm_interpreter import run_warm
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -33,19 +37,6 @@ DOCUMENTS = [README, *sorted(DOCS.glob("*.md"))]
 GROUPS_TABLE = DOCS / "configuration.md"
 MKDOCS = ROOT / "mkdocs.yml"
 RUNNABLE = "bash runnable"
-
-# The essential path through the README, a few seconds each: the ones `make test` runs.
-FAST = (
-    "make check-env",
-    "make train",
-    "make help",
-    "python eval.py ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt",
-    "python predict.py ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt input=digit.png",
-    "python train.py experiment=lm_shakespeare",
-    "python scripts/generate.py --ckpt logs/train/runs/<run>/checkpoints/last.ckpt"
-    ' --prompt "ROMEO:"',
-    "python scripts/export.py ckpt_path=logs/train/runs/<run>/checkpoints/last.ckpt",
-)
 
 # Appended to every `train.py` run unless the command sets the key: a few batches, no bar.
 QUICK = [
@@ -240,9 +231,12 @@ def run_in_copy(commands: list[Command], tmp_path: Path) -> None:
     for command in commands:
         argv = [resolve(arg, root) for arg in adapt(command.argv)]
         start = time.perf_counter()
-        result = subprocess.run(
-            argv, cwd=root, env=env, capture_output=True, text=True, timeout=600
-        )
+        if argv[0] == sys.executable:
+            result = run_warm(argv[1:], cwd=root, env=env, timeout=600)
+        else:
+            result = subprocess.run(
+                argv, cwd=root, env=env, capture_output=True, text=True, timeout=600
+            )
         print(f"{time.perf_counter() - start:6.1f} s  {command.where}  {command.text}")
         if result.returncode != 0:
             output = (result.stdout + result.stderr)[-4000:]
@@ -253,21 +247,9 @@ def run_in_copy(commands: list[Command], tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_the_fast_readme_commands_run_as_written(tmp_path):
-    run_in_copy([c for c in runnable_commands(README) if c.text in FAST], tmp_path)
-
-
-@pytest.mark.slow
 @each_document_with_commands
 def test_every_runnable_command_runs_as_written(document, tmp_path):
     run_in_copy(runnable_commands(document), tmp_path)
-
-
-def test_every_fast_command_is_in_the_readme():
-    texts = [command.text for command in runnable_commands(README)]
-    assert len(texts) >= len(FAST)
-    missing = [text for text in FAST if text not in texts]
-    assert not missing, f"FAST names commands the README no longer has: {missing}"
 
 
 @each_document

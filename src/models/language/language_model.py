@@ -10,6 +10,7 @@ from torchmetrics import MaxMetric, SumMetric
 
 from src.models.language.adapters import build_adapter
 from src.models.language.exact_match import count_exact_matches
+from src.models.language.expert_parallel import dispatched_bytes
 from src.models.language.parallel import shard_decoder_layers
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.models.language.qwen.kernels import PYTORCH
@@ -225,6 +226,9 @@ class LanguageModel(OptimizedModule):
             for index, load in loads.items():
                 self.log(f"moe/layer_{index}/load_max_over_mean", load, on_step=True)
             self.log("moe/load_max_over_mean", torch.stack(list(loads.values())).max())
+            # Expert parallelism: the bytes this rank sent in this forward's all-to-alls.
+            if (sent := dispatched_bytes(self.net)) is not None:
+                self.log("moe/dispatched_bytes", float(sent), on_step=True)
         return self.net.config.router_aux_loss_coef * aux_loss * tokens
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:

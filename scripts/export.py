@@ -11,6 +11,8 @@ Writes into the run directory, with the resolved config of the training run as `
   which `peft.PeftModel.from_pretrained` loads onto transformers' model of the base folder,
   and `python train.py ... adapter=lora adapter.path=<folder>` trains on from.
 An adapter run's safetensors and state_dict exports hold the merged weights.
+
+A folder that holds an earlier export is refused, unless `overwrite=true` says to write over it.
 """
 
 import logging
@@ -18,7 +20,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from src.checkpoints.restore import restore
+from src.checkpoints.export_folder import check_no_earlier_export, with_one_file_mode
+from src.checkpoints.restore import Restored, restore
 from src.checkpoints.weights import save_weights
 from src.run.app import hydra_app
 from src.run.language.hf_export import export_for_transformers, export_peft
@@ -38,21 +41,29 @@ def export(cfg: DictConfig) -> Path:
         raise ConfigError(
             f"format={cfg.format!r} is not one of {', '.join([*FILENAMES, *FOLDERS])}."
         )
-    restored = restore(cfg.ckpt_path)
     out_dir = Path(cfg.paths.output_dir)
-    if cfg.format in FOLDERS:
-        if cfg.format == "merged":
+    check_no_earlier_export(out_dir, cfg.overwrite)
+    restored = restore(cfg.ckpt_path)
+    with with_one_file_mode(out_dir):
+        weights = write_export(restored, cfg.format, out_dir)
+    log.info("Exported %s -> %s", cfg.ckpt_path, weights)
+    return weights
+
+
+def write_export(restored: Restored, fmt: str, out_dir: Path) -> Path:
+    """Write `restored` into `out_dir` in format `fmt`; return the weights file (or the folder)."""
+    if fmt in FOLDERS:
+        if fmt == "merged":
             export_for_transformers(restored.model, restored.tokenizer, out_dir)
         else:
             export_peft(restored.model, out_dir)
         weights = out_dir
     else:
-        weights = out_dir / FILENAMES[cfg.format]
+        weights = out_dir / FILENAMES[fmt]
         save_weights(network_state_dict(network_weights(restored.model)), weights)
     (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(restored.config))
-    if restored.tokenizer is not None and cfg.format != "merged":
+    if restored.tokenizer is not None and fmt != "merged":
         restored.tokenizer.save(out_dir / "tokenizer")  # nothing for the byte tokenizer
-    log.info("Exported %s -> %s", cfg.ckpt_path, weights)
     return weights
 
 

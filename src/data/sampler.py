@@ -1,14 +1,16 @@
 """The sampler behind every datamodule: sharded, shuffled by seed and epoch, and resumable."""
 
 import warnings
-from collections.abc import Iterator
-from typing import Any, Protocol
+from collections.abc import Iterator, Sized
+from typing import Any, Protocol, cast
 
 import torch
 from lightning.pytorch import Trainer
 from torch.utils.data import Dataset
 from torchdata.stateful_dataloader import StatefulDataLoader
 from torchdata.stateful_dataloader.sampler import StatefulDistributedSampler
+
+from src.utils.errors import DataError
 
 # Raised inside torchdata by its own use of a deprecated torch call; nothing for users to do.
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
@@ -125,17 +127,20 @@ def resumable_loader(
     dataset: Dataset,
     batch_size: int | None,
     shuffle: bool,
+    unit: str = "samples",
     **options: Any,
 ) -> StatefulDataLoader:
     """A loader over `dataset` whose position and shuffle order go into checkpoints.
 
     A resumed run therefore continues exactly. Shuffled (training) loaders drop the last partial
-    batch: every optimizer step has the same size, on every rank. Uses the datamodule's
-    `shuffle_seed` and `num_workers`.
+    batch: every optimizer step has the same size, on every rank; one that would have no batch
+    at all is refused (`check_one_batch`, which names `dataset`'s items as `unit`). Uses the
+    datamodule's `shuffle_seed` and `num_workers`.
     """
     sampler = resumable_sampler(datamodule, dataset, shuffle, datamodule.shuffle_seed)
     drop_last = False
     if shuffle and batch_size is not None:
+        check_one_batch(len(cast(Sized, dataset)), batch_size, sampler.num_replicas, unit)
         drop_last = True
         sampler.smallest_batch = batch_size
     return StatefulDataLoader(
@@ -146,6 +151,24 @@ def resumable_loader(
         num_workers=datamodule.num_workers,
         persistent_workers=datamodule.num_workers > 0,
         **options,
+    )
+
+
+def check_one_batch(count: int, batch_size: int, ranks: int = 1, unit: str = "samples") -> None:
+    """Refuse a training split of `count` items that gives a rank no full batch.
+
+    Lightning would end such a fit at once ("No training batches") and the run would go on to
+    test an untrained model.
+    """
+    per_rank = -(-count // ranks)  # the sampler pads every rank to the same count
+    if per_rank >= batch_size:
+        return
+    held = f"{count} {unit}" + (f" ({per_rank} per rank of {ranks})" if ranks > 1 else "")
+    fix = f"lower data.batch_size to {per_rank} or less, or " if per_rank else ""
+    raise DataError(
+        f"The training split has {held}, fewer than one batch of data.batch_size={batch_size}: "
+        f"every epoch drops its last partial batch, so not one step would train. To train, "
+        f"{fix}add data."
     )
 
 

@@ -11,7 +11,7 @@ import time
 import hydra
 import pytest
 import torch
-from lightning.pytorch import Callback
+from lightning.pytorch import Callback, seed_everything
 from PIL import Image
 
 from src.checkpoints import io as checkpoint_io
@@ -23,7 +23,14 @@ from src.utils import files
 from src.utils.errors import CheckpointError
 from src.utils.files import link_atomically, write_atomically
 from src.utils.weights import load_checkpoint
-from tests.helpers import FAST, ROOT, compose_config, run_script, run_train
+from tests.helpers import (
+    FAST,
+    ROOT,
+    assert_same_tensors,
+    compose_config,
+    run_script,
+    run_train,
+)
 
 
 class Payload:
@@ -192,7 +199,10 @@ STEPS_PER_EPOCH = 20  # digits: 1,280 training images in batches of 64
 
 
 class RecordStartStep(Callback):
-    """Remembers the step training started from: a resumed run starts past 0."""
+    """Remembers the step training started from: a resumed run starts past 0 (None: a fit
+    resumed at its end trains nothing)."""
+
+    step = None
 
     def on_train_start(self, trainer, pl_module):
         self.step = trainer.global_step
@@ -289,3 +299,78 @@ def test_without_hard_links_last_checkpoint_is_a_copy(tmp_path, monkeypatch):
     assert last.read_bytes() == b"state"
     assert not last.samefile(step)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["last.ckpt", "step_1.ckpt"]
+
+
+# -- the final state: every fit ends with it in last.ckpt ----------------------------------------
+
+EVERY_3_STEPS = [
+    "trainer.max_epochs=2",
+    "callbacks.last_checkpoint.every_n_train_steps=3",
+    "callbacks.last_checkpoint.every_n_epochs=null",
+]  # saves at steps 3, 6, ..., 39 of 40: the interval misses the last
+
+
+def checkpoint_files(folder):
+    """Every name in a checkpoint folder (hidden ones included), and the step of last.ckpt."""
+    names = sorted(path.name for path in folder.iterdir())
+    return names, load_checkpoint(folder / "last.ckpt")["global_step"]
+
+
+def seeded_fit(run_dir, overrides):
+    """`fit_digits` from the weights every run of these tests starts from."""
+    seed_everything(0)
+    return fit_digits(run_dir, overrides)
+
+
+def assert_same_network(expected, checkpoint):
+    for name, tensor in expected["state_dict"].items():
+        if name.startswith("net."):
+            assert torch.equal(checkpoint["state_dict"][name], tensor), f"{name} differs"
+
+
+@pytest.fixture(scope="module")
+def every_3_steps(tmp_path_factory):
+    """The checkpoint folder of an uninterrupted digits run of 40 steps saving every 3."""
+    run_dir = tmp_path_factory.mktemp("every_3")
+    seeded_fit(run_dir, EVERY_3_STEPS)
+    return run_dir / "checkpoints"
+
+
+def test_last_checkpoint_holds_the_final_step_though_the_interval_misses_it(every_3_steps):
+    final = every_3_steps / f"step_{2 * STEPS_PER_EPOCH:08d}.ckpt"
+    names, step = checkpoint_files(every_3_steps)
+    # Relinked after every validation, last.ckpt leaves no temporary link behind.
+    assert names == ["epoch_001.ckpt", "last.ckpt", final.name], names
+    assert step == 2 * STEPS_PER_EPOCH
+    assert (every_3_steps / "last.ckpt").samefile(final)
+
+
+@pytest.mark.parametrize("signalled_at", [25, 39], ids=["mid-epoch", "before the last step"])
+def test_a_run_preempted_and_resumed_ends_with_the_uninterrupted_runs_checkpoints(
+    every_3_steps, tmp_path, signalled_at
+):
+    signaller = [
+        "+callbacks.signal._target_=tests.helpers.SignalAtStep",
+        f"+callbacks.signal.step={signalled_at}",
+        "+callbacks.signal.name=SIGTERM",
+    ]
+    trainer, _ = seeded_fit(tmp_path, [*EVERY_3_STEPS, *signaller])
+    assert trainer.global_step == signalled_at + 1, "the signal did not stop the run"
+    fit_digits(tmp_path, EVERY_3_STEPS, ckpt_path="last")
+    folder = tmp_path / "checkpoints"
+    assert checkpoint_files(folder) == checkpoint_files(every_3_steps)
+    expected = load_checkpoint(every_3_steps / "last.ckpt")
+    assert_same_network(expected, load_checkpoint(folder / "last.ckpt"))
+
+
+def test_a_fit_continued_from_its_final_checkpoint_trains_as_one_longer_fit(
+    every_3_steps, tmp_path
+):
+    seeded_fit(tmp_path, [*EVERY_3_STEPS, "trainer.max_epochs=1"])  # ends on step 20, not 18
+    _, start = fit_digits(tmp_path, EVERY_3_STEPS, ckpt_path="last")
+    assert start == STEPS_PER_EPOCH, f"resumed at step {start}"
+    expected = load_checkpoint(every_3_steps / "last.ckpt")
+    continued = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert continued["global_step"] == expected["global_step"]
+    assert_same_network(expected, continued)
+    assert_same_tensors(expected["optimizer_states"], continued["optimizer_states"], "optimizer")

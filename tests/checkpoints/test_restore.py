@@ -3,6 +3,7 @@
 import inspect
 import logging
 import shutil
+import stat
 from typing import ClassVar
 
 import pytest
@@ -123,6 +124,37 @@ def test_export_writes_the_tokenizer_next_to_the_weights(bpe_run, tmp_path):
     assert (tmp_path / "config.yaml").is_file()
     exported = build_tokenizer("pretrained", path=str(tmp_path / "tokenizer"))
     assert exported.fingerprint == tokenizer.fingerprint, "the exported tokenizer differs"
+
+
+def test_an_export_into_a_folder_holding_an_earlier_one_is_refused_unless_overwrite(
+    digits_run, tmp_path
+):
+    last, _ = digits_run
+    folder = tmp_path / "export"
+
+    def export_into_folder(*overrides, check=True):
+        args = [f"ckpt_path={last}", f"hydra.run.dir={folder}", *overrides]
+        return run_script("scripts/export.py", args, check=check)
+
+    export_into_folder()
+    earlier = (folder / "model.safetensors").stat()
+    refused = export_into_folder("format=state_dict", check=False)
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    last_line = refused.stderr.strip().splitlines()[-1]
+    assert last_line.startswith(
+        f"Error: {folder} already holds an export (config.yaml, model.safetensors)"
+    ), last_line
+    assert "overwrite=true" in last_line, last_line
+    assert not (folder / "model.pt").exists()
+    assert (folder / "model.safetensors").stat().st_ino == earlier.st_ino, "it was replaced"
+
+    export_into_folder("overwrite=true")
+    assert (folder / "model.safetensors").stat().st_ino != earlier.st_ino, "not written over"
+    with (tmp_path / "plain").open("w"):
+        plain_mode = stat.S_IMODE((tmp_path / "plain").stat().st_mode)
+    files = [path for path in folder.iterdir() if path.is_file()]
+    modes = {path.name: stat.S_IMODE(path.stat().st_mode) for path in files}
+    assert set(modes.values()) == {plain_mode}, f"{modes}, not all {plain_mode:o}"
 
 
 def test_overrides_change_keys_of_the_stored_config(digits_run):

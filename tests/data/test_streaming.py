@@ -245,6 +245,15 @@ def test_a_missing_text_field_is_a_one_line_data_error_naming_the_columns(tmp_pa
         stream([path])
 
 
+def test_a_streamed_row_without_text_is_refused_unless_skipped(tmp_path):
+    path = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"text": pa.array(["doc0000 one", None, "doc0002 two"])}), path)
+    with pytest.raises(DataError, match=r"has no 'text' \(missing or null\).*missing_text=skip"):
+        list(stream([path], passes=1))
+    rows = stream([path], passes=1, shuffle=False, missing_text="skip")
+    assert document_numbers(list(rows)) == [0, 2]
+
+
 def test_streaming_files_of_two_formats_is_a_config_error(tmp_path):
     text = tmp_path / "notes.txt"
     text.write_text("one\n\ntwo\n")

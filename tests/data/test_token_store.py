@@ -104,6 +104,29 @@ def test_text_field_names_the_column_and_a_missing_one_lists_those_there_are(tmp
         text_store([path], tmp_path / "cache")
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+def test_rows_without_text_are_refused_with_their_count_unless_skipped(tmp_path, kind, caplog):
+    path = write_corpus(tmp_path / kind, kind)
+    if kind == "jsonl":  # row 8 lacks the field, row 21 holds null
+        rows = path.read_text().splitlines()
+        rows[7], rows[20] = json.dumps({"body": DOCUMENTS[7]}), json.dumps({"text": None})
+        path.write_text("\n".join(rows) + "\n")
+    else:
+        texts = [None if i in (7, 20) else d for i, d in enumerate(DOCUMENTS)]
+        pq.write_table(pa.table({"text": pa.array(texts, pa.string())}), path)
+    with pytest.raises(DataError) as refused:
+        text_store([path], tmp_path / "cache")
+    assert str(refused.value).startswith(
+        f"2 of {len(DOCUMENTS)} rows of {path} have no 'text' (missing or null; the first is row 8)"
+    ), refused.value
+    assert "data.missing_text=skip" in str(refused.value)
+
+    module = text_store([path], tmp_path / "cache", missing_text="skip")
+    kept = [d for i, d in enumerate(DOCUMENTS) if i not in (7, 20)]
+    assert [bytes(t[:-1]).decode() for t in tokens_of(module)] == kept
+    assert f"Skipped 2 of {len(DOCUMENTS)} rows of {path} without a 'text'" in caplog.text
+
+
 def test_sft_reads_parquet_conversations_as_it_reads_jsonl(tmp_path):
     records = [{"prompt": f"{i}+1=", "response": str(i + 1)} for i in range(30)]
     jsonl = tmp_path / "chats.jsonl"

@@ -6,6 +6,7 @@ through `train()`), and checks the error type and the words that tell the user w
 
 import contextlib
 import errno
+import json
 import re
 import subprocess
 
@@ -16,6 +17,7 @@ from hydra.errors import MissingConfigException
 from safetensors.torch import save_file
 
 from scripts.generate import main as generate_main
+from src.callbacks.training.divergence import DivergenceError
 from src.checkpoints import io as checkpoint_io
 from src.run.config.key_hints import typo_hint
 from src.run.hydra_callbacks import check_writable
@@ -26,7 +28,9 @@ from tests.helpers import (
     TINY_LM,
     compose_config,
     run_script,
+    shakespeare_excerpt,
     small_image_folder_overrides,
+    text_lm_overrides,
     write_image_folder,
     write_mnist,
 )
@@ -145,6 +149,31 @@ def jsonl_line_that_does_not_parse(tmp_path):
 def sample_longer_than_the_context(tmp_path):
     (tmp_path / "corpus.txt").write_text("\n\n".join(["short", "x" * 300, "also short"] * 10))
     return [*TINY_LM, "data=text", f"data.paths=[{tmp_path / 'corpus.txt'}]", "data.overlong=raise"]
+
+
+def corpus_smaller_than_one_batch(tmp_path):
+    corpus = shakespeare_excerpt(tmp_path, 3000)  # 12 rows of 256 bytes to train on
+    return [*TINY_LM, *text_lm_overrides(corpus), f"data.cache_dir={tmp_path / 'cache'}"]
+
+
+def jsonl_rows_without_the_text_field(tmp_path):
+    speeches = (ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt").read_text()
+    rows = [{"text": speech} for speech in speeches.split("\n\n")[:51]]
+    rows[7] = {"body": rows[7]["text"]}
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return [*TINY_LM, *text_lm_overrides(tmp_path / "docs.jsonl"), "data.batch_size=2"]
+
+
+def tensors_with_nan_features(tmp_path):
+    x = np.random.default_rng(0).random((200, 1, 8, 8), np.float32)
+    x[5, 0, 3, 3] = np.nan
+    np.savez(tmp_path / "nan.npz", x=x, y=np.arange(200) % 2)
+    return [
+        "data=tensors",
+        f"data.path={tmp_path / 'nan.npz'}",
+        "data.num_classes=2",
+        "data.input_shape=[1,8,8]",
+    ]
 
 
 CASES = {
@@ -282,6 +311,36 @@ CASES = {
         lambda tmp_path: ["experiment=lm_shakespeare", "model=cnn"],
         ConfigError,
         ["model=cnn trains on labelled images, but data=shakespeare_bytes yields token"],
+    ),
+    "corpus smaller than one batch": (
+        corpus_smaller_than_one_batch,
+        DataError,
+        ["The training split has 12 rows, fewer than one batch of data.batch_size=16", "to 12"],
+    ),
+    "JSON rows without the text field": (
+        jsonl_rows_without_the_text_field,
+        DataError,
+        ["1 of 51 rows of", "docs.jsonl have no 'text'", "row 8", "data.missing_text=skip"],
+    ),
+    "a missing_text choice that is not one": (
+        lambda tmp_path: [*TINY_LM, "data=text", "data.missing_text=drop"],
+        ConfigError,
+        ["data.missing_text='drop' is not one of raise, skip"],
+    ),
+    "NaN features in a tensor dataset": (
+        tensors_with_nan_features,
+        DataError,
+        ["nan.npz: x holds NaN or Inf in 1 of its 200 samples (the first is sample 5)"],
+    ),
+    "a transform that makes the inputs infinite": (
+        lambda tmp_path: ["data.transform.std=[1e-45]"],
+        DataError,
+        ["training batch of step 0", "values of batch[0] are NaN or Inf", "not the learning"],
+    ),
+    "a learning rate that makes the loss explode": (
+        lambda tmp_path: ["optimizer.lr=1e12"],
+        DivergenceError,
+        ["Training diverged at step 1", "learning rate (1e+12) is the likely cause", "lower "],
     ),
     "sample longer than the context under raise": (
         sample_longer_than_the_context,
@@ -452,8 +511,14 @@ def test_every_entry_point_names_a_file_that_is_not_a_checkpoint_in_one_line(
         ("eval.py", [], "Required config value not set: ckpt_path"),
         ("predict.py", ["ckpt_path=x.ckpt"], "Required config value not set: input"),
         ("train.py", ["trainer=gpu"], "sees no GPU on this machine"),
+        ("train.py", ["optimizer.lr=1e12"], "Training diverged at step 1"),
     ],
-    ids=["eval without ckpt_path", "predict without input", "trainer=gpu without a GPU"],
+    ids=[
+        "eval without ckpt_path",
+        "predict without input",
+        "trainer=gpu without a GPU",
+        "a learning rate that diverges",
+    ],
 )
 def test_an_entry_point_names_what_to_set_in_one_line(tmp_path, script, args, words):
     if "trainer=gpu" in args and (torch.cuda.is_available() or torch.backends.mps.is_available()):

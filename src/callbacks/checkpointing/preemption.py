@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 class Preemption(Callback):
     """On one of `signals` or `interrupts`: save after the current step, say how to resume, stop.
 
+    After an epoch's last step, the save is at the end of the epoch, after its validation.
+
     The checkpoint is `<dirpath>/<filename>`, and the command that resumes from it is printed.
     A second signal of `interrupts` (Ctrl-C pressed again) stops at once, without the save.
     With `requeue=true` inside a SLURM job, the job is also requeued (`scontrol requeue`), so
@@ -65,6 +67,16 @@ class Preemption(Callback):
             log.warning("Interrupted: saving after this step (press Ctrl-C again to stop now).")
 
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args) -> None:
+        # After an epoch's last batch the save waits for the epoch's end, past its validation,
+        # as ResumableCheckpoint's do: resumed from there, the epoch would never be validated.
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            return
+        self._save_and_stop(trainer, mid_epoch=True)
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._save_and_stop(trainer, mid_epoch=False)
+
+    def _save_and_stop(self, trainer: Trainer, mid_epoch: bool) -> None:
         if self.received is None or self.saved:
             return
         name = signal.Signals(self.received).name
@@ -82,11 +94,12 @@ class Preemption(Callback):
         trainer.should_stop = True
         # Stop now: Lightning would otherwise train on until min_epochs / min_steps are met.
         trainer.fit_loop.min_epochs = trainer.fit_loop.epoch_loop.min_steps = 0
-        # Tell the checkpoint callbacks that this step and last.ckpt are saved (the state their
-        # own saves keep), so that their saves at the end of the cut-short epoch and of training
-        # do not replace last.ckpt with one that calls the epoch complete: a resumed run would
-        # skip the rest of it.
-        for callback in trainer.checkpoint_callbacks:
+        # Mid-epoch, tell the checkpoint callbacks that this step and last.ckpt are saved (the
+        # state their own saves keep), so that their saves at the end of the cut-short epoch and
+        # of training do not replace last.ckpt with one that calls the epoch complete: a resumed
+        # run would skip the rest of it. At an epoch's end their saves (the best checkpoint by
+        # this epoch's validation, the final state) come after this one, and are right.
+        for callback in trainer.checkpoint_callbacks if mid_epoch else ():
             # ModelCheckpoint's own bookkeeping, which the Checkpoint base class does not declare.
             callback._last_global_step_saved = trainer.global_step  # type: ignore[attr-defined]
             callback._last_checkpoint_saved = str(self.path)  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ import codecs
 import glob
 import itertools
 import json
+import logging
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,8 @@ import xxhash
 
 from src.utils.errors import ConfigError, DataError, MissingFileError
 from src.utils.files import hash_file
+
+log = logging.getLogger(__name__)
 
 FORMATS = {".txt": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 CHUNK_BYTES = 4 << 20
@@ -111,12 +114,17 @@ def content_fingerprint(files: list[Path]) -> str:
 
 
 def read_documents(
-    files: list[Path], separator: re.Pattern | None, text_field: str, work_dir: Path
+    files: list[Path],
+    separator: re.Pattern | None,
+    text_field: str,
+    work_dir: Path,
+    missing_text: str = "raise",
 ) -> datasets.Dataset:
     """One row per non-empty document, in a column `text`.
 
     `.txt` files cut by `separator` (None: a file is a document) and stripped, JSON and Parquet
-    rows' `text_field`.
+    rows' `text_field`; rows without it are refused unless `missing_text="skip"`
+    (`check_rows_have_text`).
     """
     parts = []
     for number, (kind, run) in enumerate(itertools.groupby(files, lambda p: FORMATS[p.suffix])):
@@ -127,6 +135,7 @@ def read_documents(
         records = read_records(group, kind, work_dir)
         check_text_field(group[0], text_field, records.column_names)
         records = records.select_columns([text_field])
+        check_rows_have_text(group, text_field, records.data.column(text_field), missing_text)
         if text_field != "text":
             records = records.rename_column(text_field, "text")
         parts.append(records.with_format("arrow").filter(_has_text, batched=True).with_format())
@@ -147,6 +156,30 @@ def check_text_field(path: Path | str, text_field: str, columns: list[str]) -> N
         raise DataError(
             f"{path} has no column data.text_field={text_field!r}; its columns are {columns}"
         )
+
+
+def check_rows_have_text(
+    files: list[Path] | list[str], text_field: str, column: pa.ChunkedArray, missing_text: str
+) -> None:
+    """Refuse rows whose `text_field` is missing or null, naming how many and the first.
+
+    With `missing_text="skip"` they are left out, and the log says how many.
+    """
+    missing = column.null_count
+    if not missing:
+        return
+    where = str(files[0]) if len(files) == 1 else f"{len(files)} files from {files[0]} on"
+    if missing_text == "skip":
+        log.warning(
+            "Skipped %d of %d rows of %s without a %r", missing, len(column), where, text_field
+        )
+        return
+    first = pc.index(pc.is_null(column), True).as_py() + 1
+    raise DataError(
+        f"{missing} of {len(column)} rows of {where} have no {text_field!r} (missing or null; "
+        f"the first is row {first}): point data.text_field at the column that holds the text, "
+        f"or pass data.missing_text=skip to train without those rows"
+    )
 
 
 def read_text_files(

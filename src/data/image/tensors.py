@@ -45,6 +45,7 @@ class TensorDataModule(ImageDataModule):
         else:
             assert self.path is not None  # __init__ keeps no arrays only when a path is given
             arrays = load_arrays(Path(self.path))
+        check_finite(arrays, "the arrays given" if self.path is None else f"data.path={self.path}")
         given = _tensor_dataset(arrays, "x", "y")
         assert given is not None  # __init__ and load_arrays make sure that x and y are there
         train: Dataset = given
@@ -77,6 +78,24 @@ def load_arrays(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(arrays, dict) or "x" not in arrays or "y" not in arrays:
         raise DataError(f"{path} must hold a mapping with arrays named {ARRAY_KEYS}.")
     return arrays
+
+
+def check_finite(arrays: Mapping[str, torch.Tensor | np.ndarray | None], source: str) -> None:
+    """Refuse samples holding NaN or Inf: a model trained on them reports a NaN loss."""
+    for key in ("x", "x_val", "x_test"):
+        if arrays.get(key) is None:
+            continue
+        x = torch.as_tensor(arrays[key])
+        if not x.is_floating_point():
+            continue
+        finite = torch.isfinite(x)
+        bad = ~(finite.flatten(1).all(1) if x.ndim > 1 else finite)
+        if bad.any():
+            first = int(bad.nonzero()[0, 0])
+            raise DataError(
+                f"{source}: {key} holds NaN or Inf in {int(bad.sum())} of its {len(x)} samples "
+                f"(the first is sample {first}); fix or leave out those samples."
+            )
 
 
 def _tensor_dataset(

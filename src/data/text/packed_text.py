@@ -50,7 +50,7 @@ from src.data.packing.packing import (
     fit_to_length,
     pack,
 )
-from src.data.sampler import SplitLoaders, resumable_loader
+from src.data.sampler import SplitLoaders, check_one_batch, resumable_loader
 from src.data.splits import check_fractions, check_loader_options
 from src.data.text.stored_source import StoredSource
 from src.data.text.token_source import TokenSource
@@ -403,10 +403,13 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
 
         With `bucket_by_length` it loads whole batches of similar lengths.
         """
+        unit = "rows" if self.packing else "documents"
         if self.bucket_by_length:  # items are whole batches
+            if shuffle:  # the batches are formed before the ranks share them out
+                check_one_batch(len(rows), batch_size, unit=unit)
             batches = BucketedBatches(rows, batch_size, self.split_seed, drop_last=shuffle)
             return resumable_loader(self, batches, None, shuffle, collate_fn=self.collate())
-        return resumable_loader(self, rows, batch_size, shuffle, collate_fn=self.collate())
+        return resumable_loader(self, rows, batch_size, shuffle, unit, collate_fn=self.collate())
 
     def collate(self) -> Callable[[list], dict[str, torch.Tensor]]:
         """`collate_rows` for this module's rows: packed rows of `max_seq_len`, or padded."""

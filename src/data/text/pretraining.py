@@ -19,6 +19,8 @@ from src.utils.errors import ConfigError
 
 # Named rules for cutting a .txt file into documents; any other value is a regular expression.
 DOCUMENT_SPLITS = {"blank_line": r"\n[ \t]*\n", "line": r"\n", "file": None}
+# What becomes of JSON and Parquet rows without the text field: refused, or left out.
+MISSING_TEXT = ("raise", "skip")
 
 
 class TextDataModule(PackedTextDataModule):
@@ -26,9 +28,10 @@ class TextDataModule(PackedTextDataModule):
 
     `.txt` files are cut by `document_split` (`blank_line`: paragraphs, Tiny Shakespeare's
     speeches; `line`; `file`, one document per file; or a regular expression); the others give
-    the `text_field` of every row. A path may be a file, a glob or a folder (its files of those
-    formats, in name order). Each document is followed by the tokenizer's end-of-text token,
-    the last target it is trained on.
+    the `text_field` of every row, and a row without it (missing or null) stops the run unless
+    `missing_text="skip"` leaves such rows out. A path may be a file, a glob or a folder (its
+    files of those formats, in name order). Each document is followed by the tokenizer's
+    end-of-text token, the last target it is trained on.
 
     Over-long documents are split by default: every token is trained on, and a continuation
     keeps its positions though it cannot attend to the piece before it.
@@ -47,6 +50,7 @@ class TextDataModule(PackedTextDataModule):
         paths: str | list[str],
         document_split: str = "blank_line",
         text_field: str = "text",
+        missing_text: str = "raise",
         streaming: bool = False,
         packing_buffer: int = 1000,
         val_paths: str | list[str] | None = None,
@@ -59,6 +63,11 @@ class TextDataModule(PackedTextDataModule):
         self.paths = as_list(paths)
         self.document_split = document_split
         self.text_field = text_field
+        if missing_text not in MISSING_TEXT:
+            raise ConfigError(
+                f"data.missing_text={missing_text!r} is not one of {', '.join(MISSING_TEXT)}"
+            )
+        self.missing_text = missing_text
         pattern = DOCUMENT_SPLITS.get(document_split, document_split)
         try:
             self.separator = None if pattern is None else re.compile(pattern)
@@ -72,10 +81,11 @@ class TextDataModule(PackedTextDataModule):
         return resolve_files(self.paths)
 
     def source_options(self) -> str:
-        return f"{self.document_split}|{self.text_field}"
+        # With missing_text, a store built before rows without text were refused is not reused.
+        return f"{self.document_split}|{self.text_field}|{self.missing_text}"
 
     def read_corpus(self, files: list[Path], work_dir: Path) -> datasets.Dataset:
-        return read_documents(files, self.separator, self.text_field, work_dir)
+        return read_documents(files, self.separator, self.text_field, work_dir, self.missing_text)
 
     def training_texts(self, corpus: datasets.Dataset, rows: np.ndarray) -> Iterator[str]:
         for batch in corpus.select(rows).iter(batch_size=1000):

@@ -108,6 +108,7 @@ class StreamedSource:
             seed % 2**63,
             rank=rank,
             world_size=world_size,
+            missing_text=module.missing_text,
         )
         stream.check_workers(module.num_workers)
         if world_size > 1 and stream.shards_per_rank == len(stream.files):

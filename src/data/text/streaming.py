@@ -117,7 +117,8 @@ class StreamedRows(IterableDataset):
     `encoder` is the datamodule's `Dataset.map` function (an Arrow table with a `text` column
     in, `input_ids` out). `buffer_documents` documents are fitted and packed together; their
     rows are shuffled by `seed`, the pass, the buffer, the rank and the worker (kept in order
-    when not `shuffle`). Pass p reads the files in an order drawn from `seed` and p.
+    when not `shuffle`). Pass p reads the files in an order drawn from `seed` and p. A row
+    without text stops the stream unless `missing_text="skip"`.
 
     `run_rows`, when set, is the length the stream reports: the rows the run reads. A training
     loader of known length is one Lightning does not read a batch ahead of the step it trains
@@ -141,6 +142,7 @@ class StreamedRows(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         passes: int | None = None,
+        missing_text: str = "raise",
     ):
         self.files = list(files)
         self.separator = separator
@@ -156,6 +158,7 @@ class StreamedRows(IterableDataset):
         self.rank = rank
         self.world_size = world_size
         self.passes = passes
+        self.missing_text = missing_text
         self.run_rows: int | None = None
         self.position = self._start_of_pass(0)
         stream_format(self.files)  # mixed formats and a missing text_field stop here, not later
@@ -252,11 +255,19 @@ class StreamedRows(IterableDataset):
     def _next_buffer(self, documents: Iterator[dict]) -> list[str]:
         """The next `buffer_documents` non-blank texts (fewer at the end of the pass).
 
-        A file that disappeared is named.
+        A file that disappeared is named; a row without text stops the stream, unless
+        `missing_text="skip"` leaves such rows out.
         """
         texts = []
         with self._naming_vanished_shards():
             for record in documents:
+                if record["text"] is None and self.missing_text != "skip":
+                    raise DataError(
+                        f"data.paths: a row of the {len(self.files)} streamed files has no "
+                        f"{self.text_field!r} (missing or null): point data.text_field at the "
+                        f"column that holds the text, or pass data.missing_text=skip to train "
+                        f"without such rows"
+                    )
                 if record["text"] and record["text"].strip():
                     texts.append(record["text"])
                     if len(texts) == self.buffer_documents:

@@ -1,0 +1,101 @@
+"""Stop a run whose numbers run away, naming the cause: bad data, or the learning rate.
+
+A training batch holding NaN or Inf stops the run as bad data before the model sees it; a
+finite loss grown `max_growth` times past the run's first one stops it as divergence, before the
+step is taken (a NaN or Inf loss is FiniteCheck's). Lightning's
+`EarlyStopping(check_finite=True, divergence_threshold=...)` looks at a logged metric only when
+an epoch or validation ends, and ends the run as a success; torch's anomaly detection names the
+operation that made a NaN at the cost of a far slower backward, and takes NaN inputs for a
+fault of the model.
+
+The checks cost one device synchronisation per step each (none for a batch of integer token
+ids); turn them off with `callbacks.divergence=null`.
+"""
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from src.utils.errors import DataError, UserFacingError
+
+
+class DivergenceError(UserFacingError, FloatingPointError):
+    """The training loss exploded; the message names the step, the loss and the learning rate."""
+
+
+class Divergence(Callback):
+    """Raises DataError on a batch that is not finite, DivergenceError on a loss that explodes.
+
+    The first loss is kept in checkpoints, so a resumed run compares with the same one.
+    """
+
+    def __init__(self, max_growth: float = 1000.0):
+        self.max_growth = max_growth
+        self.first_loss: float | None = None
+
+    def on_train_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        floats = [(name, t) for name, t in named_tensors(batch) if t.is_floating_point()]
+        if not floats:  # token ids: nothing can be NaN, and every rank's batch is alike
+            return
+        finite = torch.stack([torch.isfinite(t).all() for _, t in floats]).tolist()  # one sync
+        bad = next((floats[i] for i, ok in enumerate(finite) if not ok), None)
+        if not trainer.strategy.reduce_boolean_decision(bad is not None, all=False):
+            return
+        what = "another rank's batch holds NaN or Inf"
+        if bad is not None:
+            name, tensor = bad
+            count = (~torch.isfinite(tensor)).sum().item()
+            what = f"{count} of the {tensor.numel()} values of {name} are NaN or Inf"
+        raise DataError(
+            f"The training batch of step {trainer.global_step} (epoch {trainer.current_epoch}, "
+            f"batch {batch_idx}) is not finite: {what}. That is the data, not the learning "
+            f"rate: fix or leave out the samples that hold them (or the transform that makes "
+            f"them)."
+        )
+
+    def on_before_backward(
+        self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor
+    ) -> None:
+        # Lightning hands the loss divided by the batches a step accumulates: undo it.
+        scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
+        size = loss.detach().abs() * scale
+        if self.first_loss is None:
+            first = size.item()
+            if math.isfinite(first) and first > 0:
+                self.first_loss = first
+            return
+        exploded = bool(size > self.max_growth * self.first_loss)
+        if not trainer.strategy.reduce_boolean_decision(exploded, all=False):
+            return
+        lr = trainer.optimizers[0].param_groups[0]["lr"]
+        what = f"the loss is {size.item():.3g}" if exploded else "another rank's loss exploded"
+        raise DivergenceError(
+            f"Training diverged at step {trainer.global_step} (epoch {trainer.current_epoch}): "
+            f"{what}, over {self.max_growth:g} times the first step's {self.first_loss:.4g}; "
+            f"this step was not taken. The learning rate ({lr:g}) is the likely cause: lower "
+            f"optimizer.lr, or warm it up (scheduler=warmup_cosine) or clip gradients "
+            f"(trainer.gradient_clip_val=1.0)."
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"first_loss": self.first_loss}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.first_loss = state_dict.get("first_loss")
+
+
+def named_tensors(batch: Any, name: str = "batch") -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of a batch (tensors in dicts, lists and tuples), each with where it is."""
+    if isinstance(batch, torch.Tensor):
+        yield name, batch
+    elif isinstance(batch, dict):
+        for key, value in batch.items():
+            yield from named_tensors(value, f"{name}[{key!r}]")
+    elif isinstance(batch, list | tuple):
+        for index, value in enumerate(batch):
+            yield from named_tensors(value, f"{name}[{index}]")

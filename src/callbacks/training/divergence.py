@@ -9,7 +9,8 @@ operation that made a NaN at the cost of a far slower backward, and takes NaN in
 fault of the model.
 
 The checks cost one device synchronisation per step each (none for a batch of integer token
-ids); turn them off with `callbacks.divergence=null`.
+ids) and no collective: on several ranks, the rank that sees the fault raises, as FiniteCheck
+does, and Lightning's launcher ends the others. Turn them off with `callbacks.divergence=null`.
 """
 
 import math
@@ -40,22 +41,19 @@ class Divergence(Callback):
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int
     ) -> None:
         floats = [(name, t) for name, t in named_tensors(batch) if t.is_floating_point()]
-        if not floats:  # token ids: nothing can be NaN, and every rank's batch is alike
+        if not floats:  # token ids: nothing can be NaN
             return
         finite = torch.stack([torch.isfinite(t).all() for _, t in floats]).tolist()  # one sync
         bad = next((floats[i] for i, ok in enumerate(finite) if not ok), None)
-        if not trainer.strategy.reduce_boolean_decision(bad is not None, all=False):
+        if bad is None:
             return
-        what = "another rank's batch holds NaN or Inf"
-        if bad is not None:
-            name, tensor = bad
-            count = (~torch.isfinite(tensor)).sum().item()
-            what = f"{count} of the {tensor.numel()} values of {name} are NaN or Inf"
+        name, tensor = bad
+        count = (~torch.isfinite(tensor)).sum().item()
         raise DataError(
             f"The training batch of step {trainer.global_step} (epoch {trainer.current_epoch}, "
-            f"batch {batch_idx}) is not finite: {what}. That is the data, not the learning "
-            f"rate: fix or leave out the samples that hold them (or the transform that makes "
-            f"them)."
+            f"batch {batch_idx}) is not finite: {count} of the {tensor.numel()} values of "
+            f"{name} are NaN or Inf. That is the data, not the learning rate: fix or leave out "
+            f"the samples that hold them (or the transform that makes them)."
         )
 
     def on_before_backward(
@@ -69,17 +67,15 @@ class Divergence(Callback):
             if math.isfinite(first) and first > 0:
                 self.first_loss = first
             return
-        exploded = bool(size > self.max_growth * self.first_loss)
-        if not trainer.strategy.reduce_boolean_decision(exploded, all=False):
+        if not size > self.max_growth * self.first_loss:
             return
         lr = trainer.optimizers[0].param_groups[0]["lr"]
-        what = f"the loss is {size.item():.3g}" if exploded else "another rank's loss exploded"
         raise DivergenceError(
             f"Training diverged at step {trainer.global_step} (epoch {trainer.current_epoch}): "
-            f"{what}, over {self.max_growth:g} times the first step's {self.first_loss:.4g}; "
-            f"this step was not taken. The learning rate ({lr:g}) is the likely cause: lower "
-            f"optimizer.lr, or warm it up (scheduler=warmup_cosine) or clip gradients "
-            f"(trainer.gradient_clip_val=1.0)."
+            f"the loss is {size.item():.3g}, over {self.max_growth:g} times the first step's "
+            f"{self.first_loss:.4g}; this step was not taken. The learning rate ({lr:g}) is the "
+            f"likely cause: lower optimizer.lr, or warm it up (scheduler=warmup_cosine) or clip "
+            f"gradients (trainer.gradient_clip_val=1.0)."
         )
 
     def state_dict(self) -> dict[str, Any]:

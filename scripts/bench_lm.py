@@ -33,7 +33,6 @@ import argparse
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,7 +41,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from benchmarks import CONF_DIR, ROOT, machine_line, markdown, model_config, publish
+from benchmarks import (
+    CONF_DIR,
+    in_fresh_process,
+    machine_line,
+    markdown,
+    model_config,
+    publish,
+)
 
 from src.callbacks.measurement.peak_flops import gpu_peak_flops, measure_matmul_flops, synchronize
 from src.models.language.lora.adapter import attach_lora
@@ -204,19 +210,6 @@ def batch_of(vocab_size: int, args) -> torch.Tensor:
     return ids.to(args.device)
 
 
-def in_fresh_process(call: str) -> dict:
-    """What `call` (a call of this module's functions) prints as JSON, run in a new process."""
-    # As `python scripts/bench_lm.py` imports it: beside `benchmarks`, the scripts' shared code.
-    scripts = str(Path(__file__).resolve().parent)
-    code = f"import sys; sys.path.insert(0, {scripts!r}); from bench_lm import *; {call}"
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"{call} failed:\n{result.stderr}")
-    return json.loads(result.stdout.splitlines()[-1])
-
-
 def child_options(args) -> str:
     """The arguments a child process needs, as JSON."""
     keys = ("batch_size", "seq_len", "device", "steps", "repeats")
@@ -248,7 +241,7 @@ def peak_memory(implementation: str, folder: str, precision: str, args) -> int:
     call = (
         f"peak_memory_here({implementation!r}, {folder!r}, {precision!r}, {child_options(args)!r})"
     )
-    return in_fresh_process(call)["peak_bytes"]
+    return in_fresh_process("bench_lm", call)["peak_bytes"]
 
 
 def peak_memory_here(implementation: str, folder: str, precision: str, options: str) -> None:
@@ -295,7 +288,7 @@ def finetune(kind: str, precision: str, args, peaks) -> list[dict[str, str]]:
         del net
         for variant in FINETUNE_VARIANTS:
             call = f"finetune_here({folder!r}, {variant!r}, {precision!r}, {child_options(args)!r})"
-            result = in_fresh_process(call)
+            result = in_fresh_process("bench_lm", call)
             tokens = args.batch_size * args.seq_len
             rows.append({
                 "model": kind, "precision": precision, "variant": variant,

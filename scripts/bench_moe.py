@@ -37,7 +37,6 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -46,7 +45,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from benchmarks import ROOT, machine_line, markdown, publish
+from benchmarks import in_fresh_process, machine_line, markdown, publish
 
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.models.language.qwen.transformers_format.state_dict_adapter import adapter_for
@@ -369,26 +368,15 @@ def mib(size: int) -> str:
     return f"{size / 2**20:,.0f} MiB"
 
 
-def in_fresh_process(call: str) -> dict:
-    """What `call` (a call of this module's functions) prints as JSON, run in a new process."""
-    # As `python scripts/bench_moe.py` imports it: beside `benchmarks`, the scripts' shared code.
-    scripts = str(Path(__file__).resolve().parent)
-    code = f"import sys; sys.path.insert(0, {scripts!r}); from bench_moe import *; {call}"
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"{call} failed:\n{result.stderr}")
-    return json.loads(result.stdout.splitlines()[-1])
-
-
 def peak_memory(measurements: list[tuple[str, str, int]], args) -> list[int]:
     """For each (precision, implementation, experts): bytes the peak resident memory grows by
     over building that model and two training steps, each in a process of its own."""
     keys = ("batch_size", "seq_len", "vocab_size", "hidden_size", "layers", "top_k",
             "moe_intermediate_size")  # fmt: skip
     options = json.dumps({key: getattr(args, key) for key in keys})
-    return in_fresh_process(f"peak_memory_here({measurements!r}, {options!r})")["growth_bytes"]
+    return in_fresh_process("bench_moe", f"peak_memory_here({measurements!r}, {options!r})")[
+        "growth_bytes"
+    ]
 
 
 def peak_memory_here(measurements: list[tuple[str, str, int]], options: str) -> None:

@@ -1,8 +1,11 @@
 """What the benchmark scripts share: the machine they ran on, model configs by name, and the
 Markdown report they print and write."""
 
+import json
 import os
 import platform
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -61,3 +64,17 @@ def publish(report: str, output: Path | None) -> None:
     print(report)
     if output:
         output.write_text(report + "\n")
+
+
+def in_fresh_process(script: str, call: str) -> dict:
+    """What `call` (a call of the functions of `scripts/<script>.py`) prints last as JSON, run
+    in a new process."""
+    # As `python scripts/<script>.py` imports it: beside this module, the scripts' shared code.
+    scripts = str(Path(__file__).resolve().parent)
+    code = f"import sys; sys.path.insert(0, {scripts!r}); from {script} import *; {call}"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{call} failed:\n{result.stderr}")
+    return json.loads(result.stdout.splitlines()[-1])

@@ -17,6 +17,7 @@ from src.run.config.explicit import record_explicit_model_config
 from src.run.config.instantiate import instantiate_config
 from src.run.language.lm_evaluation import check_lm_eval_request, evaluate_after_training
 from src.run.lr_scaling import apply_lr_scaling
+from src.run.metric_keys import check_metric_keys
 from src.run.outputs import finish_run
 from src.run.resume import checked_ckpt_path
 from src.run.trainer import (
@@ -46,6 +47,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     record_explicit_model_config(cfg, run_overrides())
     model = instantiate_config(cfg.model)
     trainer = build_trainer(cfg, run_config=(plain_config(cfg), run_overrides()))
+    check_metric_keys(cfg, model, datamodule, trainer.callbacks)
 
     if cfg.get("train"):
         ckpt_path = checked_ckpt_path(cfg.get("ckpt_path"), trainer, model)

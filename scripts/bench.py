@@ -48,6 +48,7 @@ from src.models.vision.cnn import CNN
 from src.models.vision.simplenet import SimpleNet
 from src.run.config.checks import check_config_types
 from src.run.config.compose import compose_run_config
+from src.utils.error_boundary import exit_in_one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -441,4 +442,4 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_in_one_line(main)()

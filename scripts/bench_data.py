@@ -40,6 +40,8 @@ import threading
 import time
 from pathlib import Path
 
+from src.utils.error_boundary import exit_in_one_line
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SHAKESPEARE = ROOT / "src" / "data" / "assets" / "tinyshakespeare.txt"
@@ -396,4 +398,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_in_one_line(main)()

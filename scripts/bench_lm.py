@@ -54,6 +54,7 @@ from src.callbacks.measurement.peak_flops import gpu_peak_flops, measure_matmul_
 from src.models.language.lora.adapter import attach_lora
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.utils.contracts import IGNORE_INDEX
+from src.utils.error_boundary import exit_in_one_line
 from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
 
 # Short names for the tiny configs; `--models` also takes any conf/model/<name>.yaml of the LM.
@@ -405,4 +406,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_in_one_line(main)()

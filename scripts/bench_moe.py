@@ -50,6 +50,7 @@ from benchmarks import in_fresh_process, machine_line, markdown, publish
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.models.language.qwen.transformers_format.state_dict_adapter import adapter_for
 from src.utils.contracts import IGNORE_INDEX
+from src.utils.error_boundary import exit_in_one_line
 from src.utils.hardware import cpu_bf16_units, read_cpu_flags
 
 PRECISIONS = ("fp32", "bf16-mixed")
@@ -517,4 +518,4 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, str]]]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_in_one_line(main)()

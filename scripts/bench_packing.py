@@ -36,6 +36,7 @@ from src.data.text.pretraining import TextDataModule
 from src.data.text.sft import SFTDataModule
 from src.models.language.qwen import QwenLM
 from src.utils.contracts import IGNORE_INDEX
+from src.utils.error_boundary import exit_in_one_line
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -228,4 +229,4 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_in_one_line(main)()

@@ -145,7 +145,11 @@ def main() -> int:
             file=sys.stderr,
         )
         return 1
-    print_report(package_versions(), cuda_gpus(), cpu_info(), optional_kernels())
+    from src.utils.error_boundary import exit_in_one_line  # the project, importable with torch
+
+    exit_in_one_line(
+        lambda: print_report(package_versions(), cuda_gpus(), cpu_info(), optional_kernels())
+    )()
     return 0
 
 

@@ -21,7 +21,8 @@ import torch
 from src.data.packing.checks import DEFAULT_LENGTHS, TOLERANCES, random_documents, run_checks
 from src.models.language.language_model import LanguageModel
 from src.run.config.compose import compose_run_config
-from src.utils.errors import ConfigError, exit_on_user_error
+from src.utils.error_boundary import exit_in_one_line
+from src.utils.errors import ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -50,7 +51,7 @@ def build_network(overrides: list[str]) -> torch.nn.Module:
     return module.net.float()
 
 
-@exit_on_user_error
+@exit_in_one_line
 def main(argv: list[str] | None = None) -> dict[str, float]:
     args = parse_args(argv)
     lengths = [int(n) for n in args.lengths.split(",")]

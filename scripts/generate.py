@@ -21,7 +21,8 @@ from src.data.corpus.tokenizers import ByteTokenizer, load_pretrained
 from src.models.language.language_model import LanguageModel
 from src.models.language.qwen import QwenLM
 from src.utils.contracts import Tokenizer
-from src.utils.errors import CheckpointError, exit_on_user_error
+from src.utils.error_boundary import exit_in_one_line
+from src.utils.errors import CheckpointError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -66,7 +67,7 @@ def load_model(args: argparse.Namespace) -> tuple[QwenLM, Tokenizer]:
     return restored.model.net, given or restored.tokenizer
 
 
-@exit_on_user_error
+@exit_in_one_line
 def main(argv: list[str] | None = None) -> list[str]:
     args = parse_args(argv)
     model, tokenizer = load_model(args)

@@ -30,6 +30,7 @@ from benchmarks import machine_line, markdown, model_config, publish
 from src.data.packing.checks import DEFAULT_LENGTHS, TOLERANCES, random_documents, run_checks
 from src.models.language.qwen import QwenLM
 from src.models.language.qwen.kernels import PYTORCH, Kernels, installed_kernels
+from src.utils.error_boundary import exit_in_one_line
 from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
 
 MODELS = {"dense": "qwen3_tiny", "hybrid": "qwen3_next_tiny"}
@@ -226,4 +227,4 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
 
 if __name__ == "__main__":
-    main()
+    exit_in_one_line(main)()

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from src.data.text.synthetic_sft import TASKS, make_examples, write_jsonl
+from src.utils.error_boundary import exit_in_one_line
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -25,4 +26,4 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    exit_in_one_line(main)()

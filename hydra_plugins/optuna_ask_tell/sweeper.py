@@ -56,6 +56,12 @@ class OptunaSweeper(Sweeper):
         )
 
     def sweep(self, arguments: list[str]) -> None:
+        from src.utils.error_boundary import exit_in_one_line
+
+        exit_in_one_line(self.search)(arguments)  # a bad search space: one line, no traceback
+
+    def search(self, arguments: list[str]) -> None:
+        """Ask, launch and tell batch after batch, until n_trials or too many failures."""
         from optuna.trial import TrialState
 
         from src.run.search.space import search_space, trial_overrides
@@ -78,12 +84,13 @@ class OptunaSweeper(Sweeper):
                     log.info("Trial %d: %s, %s", trial.number, state.name, trial.params)
                     failed += state == TrialState.FAIL
                 launched += len(run)
-                if failed / launched > self.max_failure_rate:
-                    raise RuntimeError(
-                        f"{failed} of {launched} trials failed, more than "
-                        f"hydra.sweeper.max_failure_rate={self.max_failure_rate}: see the "
-                        f"warnings above."
-                    )
+            if failed / launched > self.max_failure_rate:
+                log.error(
+                    "Search stopped: %d of %d trials failed, more than "
+                    "hydra.sweeper.max_failure_rate=%s (their errors are above).",
+                    failed, launched, self.max_failure_rate,
+                )  # fmt: skip
+                break
         write_results(study, Path(self.config.hydra.sweep.dir) / "optimization_results.yaml")
 
 

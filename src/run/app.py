@@ -21,7 +21,7 @@ from src.run.config.checks import check_accelerator, check_required_values
 from src.run.config.key_hints import typo_hint
 from src.run.launch import register_launch_resolvers
 from src.run.run_lock import pinned_run_dir, run_dir_lock
-from src.utils.errors import exit_on_user_error
+from src.utils.error_boundary import end_job_in_one_line, exit_in_one_line
 
 
 def project_root(entry_point: Path) -> Path:
@@ -43,7 +43,8 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
       resolvers are registered (for conf/hydra/).
     - The task runs once every required value is set, holding the lock on its run directory
       (`run_dir_lock`).
-    - A UserFacingError it raises is printed as one line (`exit_on_user_error`).
+    - Any exception ends in one line naming the log with its traceback (`exit_in_one_line`);
+      a failed job of a multirun is recorded and the sweep goes on.
     """
 
     def decorate(task: Callable[[DictConfig], Any]) -> Callable[[], Any]:
@@ -53,10 +54,10 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
         console.register_help_resolver(root / "conf")
         app = hydra.main(
             version_base="1.3", config_path=str(root / "conf"), config_name=config_name
-        )(exit_on_user_error(checked_and_locked(task)))
+        )(end_job_in_one_line(checked_and_locked(task)))
 
         @functools.wraps(app)
-        @exit_on_user_error
+        @exit_in_one_line
         def main() -> Any:
             with run_dir_lock(pinned_run_dir(sys.argv[1:])):  # before Hydra writes there
                 try:

@@ -206,17 +206,20 @@ def test_without_gpus_parallel_jobs_leave_cuda_visible_devices_alone():
 # -- whole searches -----------------------------------------------------------------------------
 
 
-def search(sweep_dir, *overrides: str, storage=None) -> optuna.Study:
-    """`python train.py hparams_search=optuna <overrides>` in `sweep_dir`; its study."""
+def search(sweep_dir, *overrides: str, storage=None, check=True) -> optuna.Study:
+    """`python train.py hparams_search=optuna <overrides>` in `sweep_dir`; its study.
+
+    With `check`, the search must exit 0; without, its result is kept in `search.result`."""
     storage = storage or f"sqlite:///{sweep_dir}/optuna.db"
-    run_train(
+    search.result = run_train(
         [
             "hparams_search=optuna",
             f"hydra.sweep.dir={sweep_dir}",
             f"hydra.sweeper.storage={storage}",
             *FAST,
             *overrides,
-        ]
+        ],
+        check=check,
     )
     return optuna.load_study(study_name="search", storage=storage)
 
@@ -284,10 +287,19 @@ def test_a_failed_trial_is_recorded_as_failed_and_the_search_goes_on(tmp_path):
         "data.batch_size=${hydra:job.num}",
         "trainer.limit_train_batches=4",
         "trainer.limit_val_batches=4",
+        check=False,
     )
 
     assert [trial.state for trial in study.trials] == [TrialState.FAIL, TrialState.COMPLETE]
     assert (tmp_path / "1" / "metrics.json").is_file(), "the trial after the failure did not run"
+    result = search.result
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    failure = "Job 0 failed: data.batch_size must be a positive"
+    assert failure in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("Error: 1 of 2 jobs of the sweep")
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| failed: data.batch_size must be a positive integer, got 0" in summary, summary
 
 
 @pytest.mark.slow

@@ -20,6 +20,12 @@ class ExactMatch(Callback):
     rank answers its share of the prompts; one all-reduce per evaluation adds up the counts.
     """
 
+    def metric_keys(self, pl_module: LightningModule, datamodule: object) -> set[str]:
+        """The metrics it logs for this model and data (src/run/metric_keys.py)."""
+        if isinstance(pl_module, AnswersPrompts) and isinstance(datamodule, ExactMatchData):
+            return {"val/exact_match", "test/exact_match"}
+        return set()
+
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._score("val", trainer, pl_module)
 

@@ -119,6 +119,15 @@ class LanguageModel(OptimizedModule):
     def forward(self, input_ids, position_ids=None, cu_seqlens=None) -> torch.Tensor:
         return self.net(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens)
 
+    def metric_keys(self) -> set[str]:
+        """The metrics this module logs (src/run/metric_keys.py checks monitors against them)."""
+        keys = {"train/loss", "val/acc_best"}
+        keys |= {f"{stage}/{name}" for stage in ("val", "test") for name in ("loss", "ppl", "acc")}
+        if sparse := self.net.sparse_layer_indices():
+            keys |= {"train/aux_loss", "moe/load_max_over_mean", "moe/dispatched_bytes"}
+            keys |= {f"moe/layer_{index}/load_max_over_mean" for index in sparse}
+        return keys
+
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Refuse image/video tokens while the ids are still on the host (no device sync)."""
         if isinstance(batch, Mapping) and isinstance(batch.get("input_ids"), torch.Tensor):

@@ -71,6 +71,12 @@ class ImageClassifier(OptimizedModule):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
 
+    def metric_keys(self) -> set[str]:
+        """The metrics this module logs (src/run/metric_keys.py checks monitors against them)."""
+        return {"train/loss_step", "val/acc_best"} | {
+            f"{stage}/{name}" for stage in STAGES for name in ("loss", "acc")
+        }
+
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int):
         loss, _ = self._shared_step("train", batch)
         # The step loss, on logging steps only (`trainer.log_every_n_steps`), as a classic loop.

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Literal, cast
 
 import optuna
-from hydra.core.utils import JobReturn
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from optuna.study import StudyDirection
@@ -17,6 +17,7 @@ from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine import make_url
 
 from src.callbacks.training.optuna_pruning import PRUNED_AT_STEP
+from src.utils.error_boundary import one_line, read_job_error
 from src.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -68,21 +69,23 @@ def make_sqlite_folder(storage: str | None) -> None:
 def tell(study: optuna.Study, trial: optuna.Trial, job: JobReturn) -> FrozenTrial:
     """Record how the trial's job ended: pruned, failed, or complete with its value.
 
-    Pruned: its pruning callback stopped it. Failed: it raised, or returned no number.
+    Pruned: its pruning callback stopped it. Failed: it raised (the job recorded its error), its
+    process died, or it returned no number.
     """
-    try:
-        value = job.return_value
-    except Exception as error:
-        log.warning("Trial %d failed: %r", trial.number, error, exc_info=error)
+    if job.status == JobStatus.FAILED:  # a process that ended without a return: killed, say
+        log.warning("Trial %d failed: %s", trial.number, one_line(job._return_value))
         return study.tell(trial, state=TrialState.FAIL)
     if PRUNED_AT_STEP in stored_trial(study, trial.number).user_attrs:
         return study.tell(trial, state=TrialState.PRUNED)
-    if value is None:
+    if job.return_value is None:
+        error = read_job_error(Path(job.working_dir)) if job.working_dir else None
         log.warning(
-            "Trial %d returned no value: its run logged no `optimized_metric`.", trial.number
+            "Trial %d failed: %s",
+            trial.number,
+            error or "its run returned no value (no metric named by `optimized_metric`)",
         )
         return study.tell(trial, state=TrialState.FAIL)
-    return study.tell(trial, float(value))  # Optuna records NaN as a failure
+    return study.tell(trial, float(job.return_value))  # Optuna records NaN as a failure
 
 
 def stored_trial(study: optuna.Study, number: int) -> FrozenTrial:

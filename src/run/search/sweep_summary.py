@@ -9,17 +9,18 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import LogLocator, NullFormatter
 from omegaconf import DictConfig, OmegaConf
 
 from src.run.outputs import METRICS_FILE
+from src.utils.error_boundary import read_job_error
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +51,11 @@ class SweepSummary(Callback):
         self.study_name = study_name
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """Write the summary; then, if any job failed, end the sweep with exit status 1."""
         sweep_dir = Path(config.hydra.sweep.dir)
         rows, params = collect_jobs(sweep_dir)
         if not rows:
-            log.warning("No job of the sweep in %s wrote %s.", sweep_dir, METRICS_FILE)
+            log.warning("No job of the sweep in %s started.", sweep_dir)
             return
         importances: dict[str, float] = {}
         if self.storage and self.study_name:
@@ -71,6 +73,12 @@ class SweepSummary(Callback):
         text += importance_table(importances)
         (sweep_dir / "summary.md").write_text(text)
         log.info("Sweep summary: %s (best job: %s)", sweep_dir / "summary.md", best)
+        failed = [row["job"] for row in rows if row["status"] != "ok"]
+        if failed:
+            raise SystemExit(
+                f"Error: {len(failed)} of {len(rows)} jobs of the sweep failed (job "
+                f"{', '.join(failed)}): their errors are in {sweep_dir / 'summary.md'}."
+            )
 
     def best_job(self, rows: list[dict[str, Any]]) -> str | None:
         metric = self.metric
@@ -107,7 +115,8 @@ def collect_jobs(sweep_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
             record = json.loads(metrics_file.read_text())
             row.update(status="ok", wall_time_s=record.get("wall_time_s"), **record["metrics"])
         else:
-            row["status"] = "no metrics (failed or still running)"
+            error = read_job_error(job_dir)
+            row["status"] = f"failed: {error}" if error else f"failed: no {METRICS_FILE} (killed?)"
         rows.append(row)
     return rows, params
 
@@ -164,12 +173,16 @@ def importance_table(importances: dict[str, float]) -> str:
     return "\n## Parameter importance (Optuna)\n\n" + "\n".join(lines) + "\n"
 
 
-def plot_metric(rows: list[dict[str, Any]], metric: str, params: list[str]) -> Figure:
+def plot_metric(rows: list[dict[str, Any]], metric: str, params: list[str]) -> "Figure":
     """Plot `metric` against each parameter, one subplot each.
 
     Numbers go on a scatter (log x-axis when they span more than 10x), anything else as
     categories. Jobs without the metric are left out.
     """
+    # matplotlib: imported only when a sweep has something to plot.
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     scored = [row for row in rows if _is_number(row.get(metric))]
     ncols = min(len(params), 3)
     nrows = math.ceil(len(params) / ncols)
@@ -189,8 +202,10 @@ def plot_metric(rows: list[dict[str, Any]], metric: str, params: list[str]) -> F
     return figure
 
 
-def _scatter_numbers(axis: Axes, x: list[float], y: list[float]) -> None:
+def _scatter_numbers(axis: "Axes", x: list[float], y: list[float]) -> None:
     """A scatter, on a log x-axis when x spans more than 10x."""
+    from matplotlib.ticker import LogLocator, NullFormatter
+
     axis.scatter(x, y)
     if min(x) <= 0 or max(x) <= 10 * min(x):
         return
@@ -202,7 +217,7 @@ def _scatter_numbers(axis: Axes, x: list[float], y: list[float]) -> None:
     axis.xaxis.set_minor_formatter(NullFormatter())
 
 
-def _scatter_categories(axis: Axes, x: list[Any], y: list[float]) -> None:
+def _scatter_categories(axis: "Axes", x: list[Any], y: list[float]) -> None:
     """A scatter with one x position per distinct value, in sorted order."""
     categories = sorted({str(value) for value in x})
     axis.scatter([categories.index(str(value)) for value in x], y)
@@ -217,4 +232,4 @@ def _is_number(value: Any) -> bool:
 def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4f}"
-    return "" if value is None else str(value)
+    return "" if value is None else str(value).replace("|", "\\|")  # a "|" would end the cell

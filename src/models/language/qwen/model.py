@@ -229,6 +229,10 @@ class QwenLM(nn.Module):
         logits = [block.router_logits for block in blocks]
         return load_balancing_loss(logits, c.num_experts, c.num_experts_per_tok)
 
+    def sparse_layer_indices(self) -> list[int]:
+        """The indices of the layers whose MLP is a mixture of experts."""
+        return [i for i, layer in enumerate(self._layers) if isinstance(layer.mlp, SparseMoeBlock)]
+
     def tokens_per_expert(self) -> dict[int, torch.Tensor]:
         """Each sparse layer's last (token, choice) count per expert [E], by layer index."""
         return {

@@ -22,7 +22,7 @@ from src.models.language.language_model import LanguageModel
 from src.models.language.qwen import QwenLM
 from src.utils.contracts import Tokenizer
 from src.utils.error_boundary import exit_in_one_line
-from src.utils.errors import CheckpointError
+from src.utils.errors import CheckpointError, ConfigError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,7 +38,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", type=Path, default=None, help="folder with a tokenizer.json")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    check_counts(args)
+    return args
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """Refuse counts that would generate nothing or fail inside the sampler."""
+    for name, value, least in (
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--num-samples", args.num_samples, 1),
+        ("--top-k", args.top_k, 1),
+    ):
+        if value is not None and value < least:
+            raise ConfigError(f"{name} {value}: give a whole number of at least {least}.")
+    if args.temperature < 0:
+        raise ConfigError(
+            f"--temperature {args.temperature}: give 0 for greedy decoding or a positive value."
+        )
 
 
 def load_model(args: argparse.Namespace) -> tuple[QwenLM, Tokenizer]:
@@ -74,7 +91,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     model = model.to(args.device).eval()
     prompt = tokenizer.encode(args.prompt)
     if not prompt:
-        raise SystemExit("--prompt encodes to no tokens; give at least one character")
+        raise ConfigError("--prompt encodes to no tokens; give at least one character.")
     input_ids = torch.tensor([prompt] * args.num_samples, device=args.device)
     generator = torch.Generator(args.device).manual_seed(args.seed)
     output = model.generate(

@@ -142,10 +142,15 @@ def _in_multirun() -> bool:
 
 
 def _own_log(text: str) -> str:
-    """Write `text` to logs/errors/<script>-<time>.log under the project, else the temp folder."""
+    """Write `text` to <log dir>/errors/<script>-<time>.log, else to the temp folder.
+
+    The log dir is the runs' own (conf/paths/default.yaml): PROJECT_LOG_DIR where it is set,
+    else logs/ under PROJECT_ROOT.
+    """
     name = f"{Path(sys.argv[0]).stem or 'python'}-{time.strftime('%Y-%m-%d_%H-%M-%S')}.log"
     root = Path(os.environ.get("PROJECT_ROOT", "."))
-    for folder in (root / "logs" / "errors", Path(tempfile.gettempdir())):
+    log_dir = Path(os.environ.get("PROJECT_LOG_DIR", root / "logs"))
+    for folder in (log_dir / "errors", Path(tempfile.gettempdir())):
         try:
             folder.mkdir(parents=True, exist_ok=True)
             path = folder / name

@@ -37,6 +37,13 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
     A file that is not a torch checkpoint is named for what it is, with what to pass instead.
     """
     path = Path(path)
+    if path.is_dir():
+        found = [*path.glob("*.ckpt"), *path.glob("checkpoints/*.ckpt")]
+        example = min(found, key=lambda p: (p.name != "last.ckpt", str(p)), default=None)
+        raise CheckpointError(
+            f"{path} is a folder, not a checkpoint file: pass one of its checkpoints"
+            + (f", e.g. {example}." if example else "; it holds no .ckpt file.")
+        )
     if not path.is_file():
         raise MissingFileError(f"Checkpoint {str(path)!r} does not exist.")
     with path.open("rb") as file:
@@ -66,7 +73,9 @@ def load_checkpoint(path: str | Path, map_location: Any = "cpu") -> dict[str, An
             f"code. If you trust the file's origin, re-save its tensors (e.g. its state_dict) "
             f"as .safetensors."
         ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile) as error:
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as error:
+        # A cut zip fails in whichever reader reaches the gap first: the zip index
+        # (RuntimeError), the unpickler (EOFError) or mmap past the end (OSError EINVAL).
         raise _corrupt(path, error) from None
 
 
@@ -83,6 +92,8 @@ def unpickler_reason(error: pickle.UnpicklingError) -> str:
 
 def _corrupt(path: Path, error: Exception) -> CheckpointError:
     reason = str(error).splitlines()[0].split(". ")[0] if str(error) else type(error).__name__
+    if isinstance(error, OSError):
+        reason = f"it ends early, at {path.stat().st_size} bytes ({reason})"
     return CheckpointError(
         f"{path} is not a readable checkpoint (truncated or corrupt: {reason}). Use another "
         f"one, e.g. an earlier checkpoint from the same folder."

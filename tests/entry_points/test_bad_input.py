@@ -176,6 +176,33 @@ def tensors_with_nan_features(tmp_path):
     ]
 
 
+def tensor_file(**changes):
+    """A mistake in a tensor file: 200 8x8 samples of two classes, with `changes` applied
+    (an array replaced, or removed where None)."""
+
+    def make(tmp_path):
+        x = np.random.default_rng(0).random((200, 1, 8, 8), np.float32)
+        arrays = {"x": x, "y": np.arange(200) % 2}
+        for key, change in changes.items():
+            arrays[key] = change(arrays) if callable(change) else change
+        np.savez(tmp_path / "arrays.npz", **{k: v for k, v in arrays.items() if v is not None})
+        return [
+            "data=tensors",
+            f"data.path={tmp_path / 'arrays.npz'}",
+            "data.num_classes=2",
+            "data.input_shape=[1,8,8]",
+        ]
+
+    return make
+
+
+def cut_tensor_file(tmp_path):
+    overrides = tensor_file()(tmp_path)
+    whole = (tmp_path / "arrays.npz").read_bytes()
+    (tmp_path / "arrays.npz").write_bytes(whole[: len(whole) // 2])
+    return overrides
+
+
 CASES = {
     # case: (make the input, expected error, words the message must contain)
     "unknown config option": (unknown_option, MissingConfigException, ["cnn", "simplenet"]),
@@ -331,6 +358,61 @@ CASES = {
         tensors_with_nan_features,
         DataError,
         ["nan.npz: x holds NaN or Inf in 1 of its 200 samples (the first is sample 5)"],
+    ),
+    "8-bit images in a tensor file": (
+        tensor_file(x=lambda a: (a["x"] * 255).astype(np.uint8)),
+        DataError,
+        ["x is torch.uint8", "floating-point inputs", "x.astype('float32') / 255"],
+    ),
+    "fractional labels in a tensor file": (
+        tensor_file(y=lambda a: a["y"] + 0.5),
+        DataError,
+        ["y holds non-integer labels (sample 0 is 0.5)"],
+    ),
+    "a training label beyond num_classes": (
+        tensor_file(y=lambda a: np.where(np.arange(200) == 3, 7, a["y"])),
+        DataError,
+        ["labels outside 0..1 (sample 3 is 7", "data.num_classes=8"],
+    ),
+    "a negative label": (
+        tensor_file(y=lambda a: np.where(np.arange(200) == 9, -1, a["y"])),
+        DataError,
+        ["sample 9 is -1", "class indices start at 0"],
+    ),
+    "one-hot labels": (
+        tensor_file(y=lambda a: np.eye(2)[a["y"]]),
+        DataError,
+        ["y has shape [200, 2]", "y.argmax(1)"],
+    ),
+    "labels as text": (
+        tensor_file(y=lambda a: np.array(["cat", "dog"] * 100)),
+        DataError,
+        ["y holds <U3 values (text?)", "integer class indices"],
+    ),
+    "x_val without y_val": (
+        tensor_file(x_val=lambda a: a["x"][:20]),
+        DataError,
+        ["holds x_val but no y_val"],
+    ),
+    "validation samples of another shape": (
+        tensor_file(x_val=lambda a: a["x"][:20, :, :4, :4], y_val=lambda a: a["y"][:20]),
+        DataError,
+        ["x_val samples have shape [1, 4, 4], but x samples [1, 8, 8]"],
+    ),
+    "arrays under other names": (
+        tensor_file(X=lambda a: a["x"], Y=lambda a: a["y"], x=None, y=None),
+        DataError,
+        ["arrays named x and y", "it holds arrays named X, Y"],
+    ),
+    "one value per sample as x": (
+        tensor_file(x=lambda a: a["x"][:, 0, 0, 0]),
+        DataError,
+        ["x has shape [200]", "[N, *data.input_shape]"],
+    ),
+    "a tensor file cut short": (
+        cut_tensor_file,
+        DataError,
+        ["arrays.npz is not a readable .npz file (truncated or corrupt"],
     ),
     "a transform that makes the inputs infinite": (
         lambda tmp_path: ["data.transform.std=[1e-45]"],
@@ -532,6 +614,21 @@ def test_an_entry_point_names_what_to_set_in_one_line(tmp_path, script, args, wo
     log = (tmp_path / f"{script.removesuffix('.py')}.log").read_text()
     assert "Traceback" in log, f"the log lacks the traceback: {log[-2000:]}"
     assert words in log, f"the log lacks the traceback: {log[-2000:]}"
+
+
+def test_a_checkpoint_cut_at_any_length_is_named_as_cut(tmp_path):
+    torch.save(
+        {"state_dict": {f"w{i}": torch.randn(1000 + 37 * i) for i in range(30)}}, tmp_path / "a"
+    )
+    whole = (tmp_path / "a").read_bytes()
+    cut = tmp_path / "cut.ckpt"
+    for length in range(0, len(whole), len(whole) // 97):
+        cut.write_bytes(whole[:length])
+        with pytest.raises(CheckpointError) as error:
+            checkpoint_io.load_checkpoint(cut)
+        assert "truncated or corrupt" in str(error.value) or "empty file" in str(error.value), (
+            f"cut at {length} of {len(whole)} bytes: {error.value}"
+        )
 
 
 def test_generate_on_a_classifier_checkpoint_says_it_needs_a_language_model(tmp_path):

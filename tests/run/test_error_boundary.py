@@ -63,7 +63,7 @@ def test_a_user_who_asks_for_the_traceback_gets_it(tmp_path, asked, env):
 
 @pytest.mark.slow
 def test_a_script_outside_hydra_names_a_log_of_its_own(tmp_path):
-    env = {**os.environ, "PROJECT_ROOT": str(tmp_path)}
+    env = {**os.environ, "PROJECT_LOG_DIR": str(tmp_path / "logs")}
     missing = tmp_path / "missing.ckpt"
     result = run_script("scripts/generate.py", ["--ckpt", str(missing)], check=False, env=env)
 

@@ -88,6 +88,22 @@ def test_a_sweep_optuna_cannot_sample_is_refused_with_the_override_named(sweep):
         search_space({"key": sweep}, [])
 
 
+@pytest.mark.parametrize(
+    ("sweep", "words"),
+    [
+        ("interval(0.1, 0.01)", "low bound 0.1 is above its high bound 0.01; swap them"),
+        ("tag(int, interval(8, 2))", "low bound 8.0 is above its high bound 2.0"),
+        ("tag(log, interval(0, 0.1))", "log-scaled range needs bounds above 0"),
+        ("tag(log, interval(-1e-3, 0.1))", "its low bound is -0.001"),
+        ("tag(log, range(0, 5))", "log-scaled range needs bounds above 0"),
+    ],
+)
+def test_bounds_optuna_cannot_sample_are_refused_before_optuna_sees_them(sweep, words):
+    with pytest.raises(ConfigError, match="key=") as error:
+        search_space({"key": sweep}, [])
+    assert words in str(error.value)
+
+
 def test_sampled_values_come_back_from_their_overrides_unchanged():
     params = {"model": "cnn", "trainer.precision": "16-mixed", "tags": "a, b (c)", "lr": 3e-4}
     overrides = OverridesParser.create().parse_overrides(trial_overrides(params))

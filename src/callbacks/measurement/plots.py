@@ -70,7 +70,9 @@ class Plots(Callback):
                     try:
                         logger.experiment.add_graph(pl_module, sample.to(pl_module.device))
                     except Exception as error:  # noqa: BLE001 - a picture never fails a run
-                        log.info("No model graph in TensorBoard (%s)", error)
+                        # The first line only: a failed trace check lists `ERROR: ...` lines.
+                        reason = str(error).strip().splitlines()[0] if str(error).strip() else error
+                        log.info("No model graph in TensorBoard (%s)", reason)
 
     # -- recording ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ directly around the training steps chosen by a schedule and writes, under
 """
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,8 @@ class Profiler(Callback):
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(ProfilerActivity.CUDA)
+        else:  # kineto would print `ERROR: ... gpuGetDeviceCount failed` on a CPU-only machine
+            os.environ.setdefault("KINETO_LOG_LEVEL", "5")
         return profile(
             activities=activities,
             schedule=step_schedule,

@@ -46,6 +46,27 @@ class LmEvalSettings:
     batch_size: int | str
     device: str | None
 
+    def __post_init__(self) -> None:
+        """Refuse counts lm-eval would misread: a negative limit reads from the end."""
+        if self.num_fewshot is not None and (
+            not isinstance(self.num_fewshot, int) or self.num_fewshot < 0
+        ):
+            raise ConfigError(
+                f"num_fewshot={self.num_fewshot!r}: give the number of examples shown before "
+                f"each question (0 or more), or null for each task's own."
+            )
+        if self.limit is not None and (not isinstance(self.limit, int | float) or self.limit <= 0):
+            raise ConfigError(
+                f"limit={self.limit!r}: give at most how many examples per task (a whole number "
+                f"of at least 1, or a fraction between 0 and 1), or null for all of them."
+            )
+        if self.batch_size != "auto" and (
+            not isinstance(self.batch_size, int) or self.batch_size < 1
+        ):
+            raise ConfigError(
+                f"batch_size={self.batch_size!r}: give a whole number of at least 1, or auto."
+            )
+
     @classmethod
     def from_config(cls, cfg: DictConfig) -> "LmEvalSettings":
         values = {field.name: cfg[field.name] for field in fields(cls)}

@@ -73,11 +73,25 @@ def distribution(override: Override) -> BaseDistribution:
     assert isinstance(sweep, IntervalSweep)
     assert sweep.start is not None  # interval(low, high) sets both bounds
     assert sweep.end is not None
+    check_bounds(sweep.start, sweep.end, "log" in sweep.tags, where)
     if "int" in sweep.tags:
         if not (sweep.start.is_integer() and sweep.end.is_integer()):
             raise ConfigError(f"{where}: tag(int, ...) needs whole bounds.")
         return IntDistribution(int(sweep.start), int(sweep.end), log="log" in sweep.tags)
     return FloatDistribution(sweep.start, sweep.end, log="log" in sweep.tags)
+
+
+def check_bounds(low: float, high: float, log: bool, where: str) -> None:
+    """Refuse bounds Optuna cannot sample: low above high, or a log scale reaching 0."""
+    if low > high:
+        raise ConfigError(
+            f"{where}: its low bound {low} is above its high bound {high}; swap them."
+        )
+    if log and low <= 0:
+        raise ConfigError(
+            f"{where}: a log-scaled range needs bounds above 0, and its low bound is {low}; start "
+            f"it at a small positive value (e.g. 1e-6)."
+        )
 
 
 def choices(values: list[Any], where: str) -> list[Any]:
@@ -105,6 +119,7 @@ def range_distribution(sweep: RangeSweep, log: bool, where: str) -> BaseDistribu
         raise ConfigError(f"{where}: the range holds no value; it needs start < stop, step > 0.")
     if log and step != 1:
         raise ConfigError(f"{where}: a log-scaled range cannot have a step; drop the step.")
+    check_bounds(start, stop, log, where)
     if isinstance(start, int) and isinstance(stop, int) and isinstance(step, int):
         return IntDistribution(start, start + (count - 1) * step, log=log, step=step)
     last = start + (count - 1) * step

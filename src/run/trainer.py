@@ -10,6 +10,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from src.callbacks.checkpointing.logged_metrics import LoggedMetricsInCheckpoint
 from src.callbacks.checkpointing.preemption import Preemption
 from src.callbacks.checkpointing.run_config import RunConfigInCheckpoint
 from src.callbacks.measurement.exact_match import ExactMatch
@@ -112,7 +113,12 @@ def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = N
         run_config = ({**config, "trainer": trainer_config}, overrides)
     # Not config choices: the checks and metrics every run needs, whatever `callbacks=` says,
     # and the process group's clean exit (without it a distributed CPU run can abort at exit).
-    mandatory = [ModelFitsData(), ExactMatch(), DestroyProcessGroupAtExit()]
+    mandatory = [
+        ModelFitsData(),
+        ExactMatch(),
+        LoggedMetricsInCheckpoint(),
+        DestroyProcessGroupAtExit(),
+    ]
     callbacks = [*instantiate_group(cfg.get("callbacks")), *mandatory]
     if run_config is not None:
         callbacks.append(RunConfigInCheckpoint(*run_config))

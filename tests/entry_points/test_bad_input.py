@@ -359,6 +359,21 @@ CASES = {
         DataError,
         ["nan.npz: x holds NaN or Inf in 1 of its 200 samples (the first is sample 5)"],
     ),
+    "a misspelt precision": (
+        lambda tmp_path: ["trainer.precision=bf17-mixed"],
+        ConfigError,
+        [
+            "expects one of",
+            "'bf16-mixed', '32-true'",
+            "'auto' or null",
+            "trainer.precision=bf16-mixed, say",
+        ],
+    ),
+    "a precision in bits that does not exist": (
+        lambda tmp_path: ["trainer.precision=8"],
+        ConfigError,
+        ["trainer.precision=8 (int) is not a valid value", "one of 64, 32, 16,"],
+    ),
     "8-bit images in a tensor file": (
         tensor_file(x=lambda a: (a["x"] * 255).astype(np.uint8)),
         DataError,

@@ -6,6 +6,8 @@ from pathlib import Path
 import torch
 import torchinfo
 from lightning.pytorch import Callback, LightningModule, Trainer
+from torch import nn
+from torchinfo.model_statistics import ModelStatistics
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,19 @@ class LayerSummary(Callback):
                 if input_size
                 else ("num_params", "trainable"),
             )
+        count_shared_weights_once(summary, pl_module)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(str(summary) + "\n")
         log.info("Layer summary (also in %s):\n%s", self.path, summary)
+
+
+def count_shared_weights_once(summary: ModelStatistics, module: nn.Module) -> None:
+    """Set the summary's totals from the module's parameters, each counted once.
+
+    torchinfo adds up its layers, so a weight two layers share (a language model's embedding
+    tied to its head) is counted twice; `parameters()` yields it once.
+    """
+    parameters = list(module.parameters())
+    summary.total_params = sum(p.numel() for p in parameters)
+    summary.trainable_params = sum(p.numel() for p in parameters if p.requires_grad)
+    summary.total_param_bytes = sum(p.numel() * p.element_size() for p in parameters)

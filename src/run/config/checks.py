@@ -8,6 +8,7 @@ unset (`???`, e.g. `data.path` of data=tensors) would surface as OmegaConf's
 MissingMandatoryValue traceback wherever it is first read; it is named up front instead.
 """
 
+import difflib
 import inspect
 import types
 import typing
@@ -220,9 +221,15 @@ def _check_target_node(node: DictConfig, path: str) -> None:
         plain = OmegaConf.to_object(value) if isinstance(value, ListConfig) else value
         if not _matches(plain, hints[key]):
             expected = _describe(hints[key])
+            choices = _literal_values(hints[key])
+            fix = (
+                f"{path}.{key}={_closest(plain, choices)}, say"
+                if choices
+                else f"{path}.{key}=<{expected}>"
+            )
             raise ConfigError(
                 f"{path}.{key}={plain!r} ({type(plain).__name__}) is not a valid value: "
-                f"{node._target_} expects {expected}. Fix it with {path}.{key}=<{expected}>."
+                f"{node._target_} expects {expected}. Fix it with {fix}."
             )
 
 
@@ -269,8 +276,33 @@ def _matches(value: Any, annotation: Any) -> bool:
 
 
 def _describe(annotation: Any) -> str:
+    """The values or types `annotation` allows, in config terms: `one of 'a', 'b' or null`."""
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return " or ".join(_describe(arg) for arg in typing.get_args(annotation))
+        others = [
+            _describe(arg)
+            for arg in typing.get_args(annotation)
+            if typing.get_origin(arg) is not typing.Literal
+        ]
+        values = _literal_values(annotation)
+        return " or ".join([f"one of {', '.join(map(repr, values))}"] * bool(values) + others)
+    if typing.get_origin(annotation) is typing.Literal:
+        return f"one of {', '.join(map(repr, typing.get_args(annotation)))}"
     if annotation is type(None):
         return "null"
     return getattr(annotation, "__name__", str(annotation))
+
+
+def _literal_values(annotation: Any) -> list[Any]:
+    """Every value a Literal in `annotation` (or in its Union) allows."""
+    if typing.get_origin(annotation) is typing.Literal:
+        return list(typing.get_args(annotation))
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return [value for arg in typing.get_args(annotation) for value in _literal_values(arg)]
+    return []
+
+
+def _closest(given: Any, choices: list[Any]) -> Any:
+    """The choice that reads most like `given` (the first one when none is close)."""
+    shown = {str(choice): choice for choice in choices}
+    close = difflib.get_close_matches(str(given), list(shown), n=1, cutoff=0.0)
+    return shown[close[0]] if close else choices[0]

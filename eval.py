@@ -17,7 +17,7 @@ from omegaconf import DictConfig, open_dict
 from src.checkpoints.restore import restore
 from src.run.app import hydra_app
 from src.run.config.checks import check_config_types
-from src.run.outputs import finish_run
+from src.run.outputs import finish_run, log_summary
 from src.run.trainer import build_trainer, run_overrides
 from src.utils.errors import ConfigError, MissingFileError
 
@@ -74,13 +74,15 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     trainer = build_trainer(cfg)
     trainer.test(restored.model, datamodule=restored.datamodule)
 
-    return finish_run(
+    record = finish_run(
         trainer,
         cfg.paths.output_dir,
         trainer.callback_metrics,
         start,
         ckpt_path=str(ckpt_path.resolve()),
     )
+    log_summary(record, cfg.paths.output_dir)
+    return record
 
 
 @hydra_app("eval")

@@ -43,7 +43,8 @@ def export(cfg: DictConfig) -> Path:
         )
     out_dir = Path(cfg.paths.output_dir)
     check_no_earlier_export(out_dir, cfg.overwrite)
-    restored = restore(cfg.ckpt_path)
+    moved_base = cfg.model.pretrained
+    restored = restore(cfg.ckpt_path, [f"model.pretrained='{moved_base}'"] if moved_base else [])
     with with_one_file_mode(out_dir):
         weights = write_export(restored, cfg.format, out_dir)
     log.info("Exported %s -> %s", cfg.ckpt_path, weights)

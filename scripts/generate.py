@@ -37,6 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--num-samples", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tokenizer", type=Path, default=None, help="folder with a tokenizer.json")
+    parser.add_argument(
+        "--base", type=Path, default=None, help="a LoRA run's base folder, where it moved to"
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
     check_counts(args)
@@ -65,15 +68,16 @@ def load_model(args: argparse.Namespace) -> tuple[QwenLM, Tokenizer]:
     given = load_pretrained(folder) if folder else None
     if args.hf is not None:
         return QwenLM.from_pretrained(args.hf), given or ByteTokenizer()
+    moved_base = [f"model.pretrained='{args.base}'"] if args.base else []
     try:
-        restored = restore(args.ckpt)
+        restored = restore(args.ckpt, moved_base)
     except CheckpointError:
         if folder is None:
             raise
         # A checkpoint without its tokenizer (older than tokenizers in checkpoints) whose BPE
         # was trained in the run: the folder given is that tokenizer.
         pretrained = ["data.tokenizer.kind=pretrained", f"data.tokenizer.path='{folder}'"]
-        restored = restore(args.ckpt, pretrained)
+        restored = restore(args.ckpt, [*pretrained, *moved_base])
     if not isinstance(restored.model, LanguageModel):
         raise CheckpointError(
             f"{args.ckpt} is a checkpoint of {restored.config.model._target_}, not of a language "

@@ -197,7 +197,8 @@ def inference_node(
 ) -> dict[str, Any]:
     """Make the stored model config buildable for inference by the class as it is now.
 
-    - No starting weights: the checkpoint has them (an adapter run keeps `pretrained`, its base).
+    - No starting weights: the checkpoint has them (an adapter run keeps `pretrained`, its base,
+      where that folder still exists).
       The architecture is then the one built (`built_config`, the checkpoint's hyperparameters),
       which a `pretrained` folder decided, whatever sizes the model's YAML gave.
     - None for a required training-only argument that is not stored.
@@ -205,6 +206,10 @@ def inference_node(
       class).
     """
     spec = cast(dict[str, Any], OmegaConf.to_container(node))  # keys: the model's argument names
+    if spec.get("adapter") and spec.get("pretrained") and not Path(spec["pretrained"]).exists():
+        # A LoRA run whose base folder moved: built without it, the adapter's checkpoint entry
+        # names where the base was and how to give its new place.
+        spec["pretrained"] = None
     if "pretrained" in spec and not spec.get("adapter"):
         if spec["pretrained"] and built_config is not None and "config" in spec:
             spec["config"] = built_config

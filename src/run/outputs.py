@@ -31,9 +31,10 @@ def write_metrics(
 def finish_run(
     trainer: Any, output_dir: str | Path, metrics: Mapping[str, Any], start: float, **extra: Any
 ) -> dict[str, Any]:
-    """Write metrics.json (with the wall time since `start`) and print the summary, on rank 0.
+    """Write metrics.json (with the wall time since `start`) on rank 0; return its content.
 
-    Other ranks write nothing and get an empty record.
+    Other ranks write nothing and get an empty record. The caller prints the summary
+    (`log_summary`) once the record holds all it reports (lm-eval's scores after training).
     """
     if not trainer.is_global_zero:
         return {}
@@ -42,9 +43,7 @@ def finish_run(
         extra["mfu_peak"] = peak
     if accuracy := test_acc_per_class(trainer):
         extra["test_acc_per_class"] = accuracy
-    record = write_metrics(output_dir, metrics, **extra, wall_time_s=wall_time_s)
-    log_summary(record, output_dir)
-    return record
+    return write_metrics(output_dir, metrics, **extra, wall_time_s=wall_time_s)
 
 
 def mfu_peak(trainer: Any) -> dict[str, Any] | None:
@@ -64,11 +63,16 @@ def test_acc_per_class(trainer: Any) -> dict[str, float | None]:
 
 
 def log_summary(record: Mapping[str, Any], output_dir: str | Path) -> None:
-    """Print the metrics worth reading at a glance and where everything went."""
+    """Print the metrics worth reading at a glance and where everything went.
+
+    Other ranks than 0 have empty records and print nothing.
+    """
+    if not record:
+        return
     lines = [
         f"  {key:<24} {value:.4f}"
         for key, value in record["metrics"].items()
-        if isinstance(value, float) and key.split("/")[0] in ("val", "test")
+        if isinstance(value, float) and key.split("/")[0] in ("val", "test", "eval")
     ]
     for key in ("best_model_path", "wall_time_s"):
         if record.get(key) not in (None, ""):

@@ -146,6 +146,15 @@ def jsonl_line_that_does_not_parse(tmp_path):
     return [*TINY_LM, "data=sft", f"data.path={tmp_path / 'chats.jsonl'}"]
 
 
+def prompts_longer_than_the_context(tmp_path):
+    lines = [
+        json.dumps({"prompt": "Tell me the story " + "once more " * 30, "response": f"No. {i}"})
+        for i in range(40)
+    ]
+    (tmp_path / "chats.jsonl").write_text("\n".join(lines) + "\n")
+    return [*TINY_LM, "data=sft", f"data.path={tmp_path / 'chats.jsonl'}", "data.max_seq_len=64"]
+
+
 def sample_longer_than_the_context(tmp_path):
     (tmp_path / "corpus.txt").write_text("\n\n".join(["short", "x" * 300, "also short"] * 10))
     return [*TINY_LM, "data=text", f"data.paths=[{tmp_path / 'corpus.txt'}]", "data.overlong=raise"]
@@ -358,6 +367,16 @@ CASES = {
         tensors_with_nan_features,
         DataError,
         ["nan.npz: x holds NaN or Inf in 1 of its 200 samples (the first is sample 5)"],
+    ),
+    "SFT prompts longer than the context": (
+        prompts_longer_than_the_context,
+        DataError,
+        [
+            "The train split has no samples left: all 36 of its documents are longer than "
+            "data.max_seq_len=64 tokens",
+            "Raise data.max_seq_len to at least",
+            "data.overlong=truncate would cut the answers off",
+        ],
     ),
     "a misspelt precision": (
         lambda tmp_path: ["trainer.precision=bf17-mixed"],

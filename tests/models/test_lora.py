@@ -13,6 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
+from scripts.generate import main as generate_main
 from src.checkpoints.restore import restore
 from src.data.corpus.tokenizers import ByteTokenizer
 from src.models.language.adapters import NoAdapter
@@ -26,7 +27,7 @@ from src.run.config.checks import check_config_types
 from src.run.config.compose import ROOT
 from src.run.language.hf_export import export_for_transformers, export_peft
 from src.utils.contracts import Adapter
-from src.utils.errors import CheckpointError, ConfigError
+from src.utils.errors import CheckpointError, ConfigError, MissingFileError
 from tests.helpers import (
     FAST,
     TINY_LM,
@@ -384,6 +385,46 @@ def test_load_from_checkpoint_rebuilds_the_adapters_on_the_recorded_base(lora_ru
     restored = restore(last)
     assert loaded.adapter.spec == restored.model.adapter.spec
     assert_same_tensors(restored.model.state_dict(), loaded.state_dict(), "weights")
+
+
+def moved_base_checkpoint(lora_run, tmp_path):
+    """The LoRA run's last checkpoint as it reads after its base folder moved away."""
+    run_dir, _ = lora_run
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
+    gone = str(tmp_path / "moved_away")
+    checkpoint["adapter_base"]["path"] = gone
+    checkpoint["qwen_source_folder"] = gone
+    checkpoint["run_config"]["config"]["model"]["pretrained"] = gone
+    torch.save(checkpoint, tmp_path / "moved.ckpt")
+    return tmp_path / "moved.ckpt", gone
+
+
+def test_a_moved_base_is_named_with_the_key_that_points_to_it(lora_run, tmp_path):
+    moved, gone = moved_base_checkpoint(lora_run, tmp_path)
+    with pytest.raises(MissingFileError) as error:
+        restore(moved)
+    message = str(error.value)
+    assert f"LoRA adapters on the base {gone} (the checkpoint's adapter_base.path" in message
+    assert "model.pretrained=<folder> (eval.py, scripts/export.py)" in message, message
+    assert "--base <folder> (scripts/generate.py)" in message, message
+    with pytest.raises(SystemExit, match="which is no longer there"):
+        generate_main(["--ckpt", str(moved), "--max-new-tokens", "1"])
+
+
+def test_a_moved_base_given_anew_restores_exports_and_generates(lora_run, tiny_base, tmp_path):
+    moved, _ = moved_base_checkpoint(lora_run, tmp_path)
+    expected = restore(lora_run[0] / "checkpoints" / "last.ckpt").model.state_dict()
+    given = restore(moved, [f"model.pretrained='{tiny_base}'"])
+    assert_same_tensors(expected, given.model.state_dict(), "weights")
+    assert given.model.net.source == tiny_base  # what the merged export writes back from
+
+    folder = tmp_path / "export"
+    arguments = [f"ckpt_path={moved}", "format=merged", f"model.pretrained={tiny_base}"]
+    run_script("scripts/export.py", [*arguments, f"hydra.run.dir={folder}"])
+    exported = load_file(folder / "model.safetensors")["model.embed_tokens.weight"]
+    assert torch.equal(exported, expected["net.model.embed_tokens.weight"])
+    arguments = ["--ckpt", str(moved), "--base", str(tiny_base), "--max-new-tokens", "2"]
+    assert len(generate_main([*arguments, "--temperature", "0"])) == 1
 
 
 def test_ema_and_lora_keep_the_base_out_of_both_state_dicts(tmp_path, tiny_base):

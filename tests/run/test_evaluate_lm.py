@@ -105,9 +105,15 @@ def test_without_lm_eval_the_evaluation_fails_at_once_naming_the_extra(tmp_path,
 @pytest.mark.slow
 def test_training_with_lm_eval_records_the_scores_of_its_last_checkpoint(tmp_path):
     lm_eval = ["+lm_eval.tasks=[sft_choice]", "+lm_eval.limit=12"]
-    run_train([*sft_run(tmp_path, "qwen3_tiny"), *lm_eval], tmp_path / "run")
+    result = run_train([*sft_run(tmp_path, "qwen3_tiny"), *lm_eval], tmp_path / "run")
     run_dir = tmp_path / "run"
     assert_scores_recorded(run_dir, run_dir / "checkpoints" / "last.ckpt", examples=12)
+    # The run's summary comes once, after lm-eval, with its scores.
+    console = result.stdout + result.stderr
+    assert console.count("Run summary:") == 1, console[-3000:]
+    summary = console[console.index("Run summary:") :]
+    assert "eval/sft_choice/acc" in summary, summary
+    assert "test/loss" in summary, summary
 
 
 @pytest.mark.slow

@@ -307,8 +307,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
             )
             if split != "test" and not len(pieces):
                 raise DataError(
-                    f"The {split} split has no samples left ({len(documents)} before applying "
-                    f"overlong={self.overlong!r}); add documents or raise data.val_fraction"
+                    no_samples_left(split, lengths[documents], self.max_seq_len, self.has_targets)
                 )
             pieces = replace(pieces, sample=documents[pieces.sample])
             rows[split] = PackedRows(store, pieces, self.rows_of(pieces.length))
@@ -420,3 +419,33 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
             row_length=self.max_seq_len if self.packing else None,
             pad_to_multiple_of=self.pad_to_multiple_of,
         )
+
+
+def no_samples_left(split: str, lengths: np.ndarray, max_seq_len: int, answers: bool) -> str:
+    """Why a split holds no sample, and what to change.
+
+    Its share of the documents, or the length that the over-long policy dropped them all for
+    (`answers`: prompt-answer pairs, whose ends truncation would cut).
+    """
+    if not lengths.any():
+        share = (
+            "raise data.val_fraction"
+            if split == "val"
+            else "lower data.val_fraction and data.test_fraction"
+        )
+        return (
+            f"The {split} split has no samples: it got {len(lengths)} documents with text. Add "
+            f"documents, or {share}."
+        )
+    shortest = int(lengths[lengths > 0].min())
+    instead = (
+        "or shorten the prompts (data.overlong=truncate would cut the answers off)"
+        if answers
+        else "or choose data.overlong=truncate or split"
+    )
+    return (
+        f"The {split} split has no samples left: all {int((lengths > 0).sum())} of its documents "
+        f"are longer than data.max_seq_len={max_seq_len} tokens (the shortest has {shortest}, "
+        f"the longest {int(lengths.max())}), and data.overlong=drop leaves them out. Raise "
+        f"data.max_seq_len to at least {shortest}, {instead}."
+    )

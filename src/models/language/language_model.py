@@ -154,11 +154,12 @@ class LanguageModel(OptimizedModule):
 
         The base is first checked to be the one it was trained on (loaded from the recorded path
         if this model has none). The folder the weights came from becomes the network's `source`
-        again, and the config the run trained with gives its folder layout.
+        again, unless one was given now, and the config the run trained with gives its folder
+        layout.
         """
         self.adapter.complete_checkpoint(checkpoint, self)
-        if source := checkpoint.get(SOURCE_KEY):
-            self.net.source = Path(source)
+        if (source := checkpoint.get(SOURCE_KEY)) and self.net.source is None:
+            self.net.source = Path(source)  # unless the folder was given anew (a moved base)
         if recorded := checkpoint.get("hyper_parameters", {}).get("config"):
             # A multimodal folder's (qwen3_5) where the run's config said qwen3_5_text.
             self.net.config = folder_layout(self.net.config, QwenConfig.from_dict(recorded))

@@ -90,8 +90,10 @@ def load_recorded_base(net: QwenLM, recorded: Mapping[str, str]) -> dict[str, st
     folder = Path(recorded["path"])
     if not (folder / "config.json").is_file():
         raise MissingFileError(
-            f"This checkpoint holds LoRA adapters on the base {folder}, which is gone: put "
-            f"the base back there, or pass its new place as model.pretrained=<folder>."
+            f"This checkpoint holds LoRA adapters on the base {folder} (the checkpoint's "
+            f"{BASE_KEY}.path, from the run's model.pretrained), which is no longer there: put "
+            f"the base back, or give its new place with model.pretrained=<folder> (eval.py, "
+            f"scripts/export.py) or --base <folder> (scripts/generate.py)."
         )
     load_base(net, folder)
     return base_identity(folder)

@@ -65,7 +65,7 @@ class OptunaSweeper(Sweeper):
         from optuna.trial import TrialState
 
         from src.run.search.space import search_space, trial_overrides
-        from src.run.search.study import open_study, tell, write_results
+        from src.run.search.study import ask, open_study, tell, write_results
 
         distributions, fixed = search_space(self.params, arguments)
         study = open_study(self.storage, self.study_name, self.direction, self.sampler, self.pruner)
@@ -75,7 +75,7 @@ class OptunaSweeper(Sweeper):
         )  # fmt: skip
         failed = launched = 0
         for size in batch_sizes(self.n_trials, self.n_jobs):
-            trials = [study.ask(distributions) for _ in range(size)]
+            trials = [ask(study, distributions) for _ in range(size)]
             for run in consecutive_runs(trials):
                 overrides = [[*fixed, *trial_overrides(trial.params)] for trial in run]
                 jobs = self.launcher.launch(overrides, initial_job_idx=run[0].number)

@@ -5,6 +5,9 @@ fail or run in parallel."""
 import functools
 import json
 import os
+import socket
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import optuna
@@ -22,7 +25,7 @@ from hydra_plugins.optuna_ask_tell.sweeper import batch_sizes, consecutive_runs
 from src.callbacks.training.optuna_pruning import PRUNED_AT_STEP
 from src.run.search.processes import gpu_slots, run_in_processes
 from src.run.search.space import search_space, trial_overrides
-from src.run.search.study import open_study, tell
+from src.run.search.study import ASKED_BY, ask, open_study, tell
 from src.utils.errors import ConfigError
 from tests.helpers import FAST, run_train
 
@@ -174,6 +177,26 @@ def test_each_trial_is_told_how_its_job_ended(tmp_path):
 
     assert states == [TrialState.COMPLETE, TrialState.PRUNED] + [TrialState.FAIL] * 3
     assert study.trials[0].value == 0.5
+
+
+def test_a_resumed_study_fails_the_trials_a_killed_sweep_left_running_and_no_others(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    study = open_study(storage, "search", "minimize", random_sampler(0), NO_PRUNER)
+    killed = subprocess.Popen([sys.executable, "-c", "pass"])
+    killed.wait()  # a sweep process that is gone
+    owners = {
+        "killed here": {"host": socket.gethostname(), "pid": killed.pid},
+        "alive here": {"host": socket.gethostname(), "pid": os.getpid()},
+        "on another machine": {"host": "node-17", "pid": killed.pid},
+    }
+    for owner in owners.values():
+        study.ask(SPACE).set_user_attr(ASKED_BY, owner)
+    asked = ask(study, SPACE)
+    assert asked.user_attrs[ASKED_BY] == owners["alive here"]
+
+    resumed = open_study(storage, "search", "minimize", random_sampler(0), NO_PRUNER)
+    states = [trial.state for trial in resumed.trials]
+    assert states == [TrialState.FAIL, *[TrialState.RUNNING] * 3]
 
 
 @pytest.mark.parametrize(("name", "node"), [*SAMPLERS.items(), *PRUNERS.items()])

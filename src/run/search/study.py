@@ -5,6 +5,8 @@ for the results file and the sweep summary.
 """
 
 import logging
+import os
+import socket
 from pathlib import Path
 from typing import Literal, cast
 
@@ -19,11 +21,15 @@ from sqlalchemy.engine import make_url
 from src.callbacks.training.optuna_pruning import PRUNED_AT_STEP
 from src.utils.error_boundary import one_line, read_job_error
 from src.utils.errors import ConfigError
+from src.utils.files import is_alive
 
 log = logging.getLogger(__name__)
 
 # With fewer complete trials, the importance of each parameter is mostly noise.
 MIN_TRIALS_FOR_IMPORTANCE = 4
+# The user attribute naming the process that asked a trial, {"host": ..., "pid": ...}: a resumed
+# search tells a trial left RUNNING by a killed sweep from one another launch is running now.
+ASKED_BY = "asked_by"
 
 
 def open_study(
@@ -54,7 +60,37 @@ def open_study(
     study.sampler = instantiate(
         sampler, **({} if seed is None else {"seed": seed + len(study.trials)})
     )
+    fail_orphaned_trials(study)
     return study
+
+
+def ask(study: optuna.Study, distributions: dict) -> optuna.Trial:
+    """A new trial of `study`, recording which process on which machine asked it."""
+    trial = study.ask(distributions)
+    trial.set_user_attr(ASKED_BY, {"host": socket.gethostname(), "pid": os.getpid()})
+    return trial
+
+
+def fail_orphaned_trials(study: optuna.Study) -> list[int]:
+    """Mark failed the trials that a sweep killed on this machine left RUNNING.
+
+    Returns their numbers. A trial asked by a process still alive, or on another machine, is
+    left alone: another launch sharing the study may be running it.
+    """
+    orphans = []
+    for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = trial.user_attrs.get(ASKED_BY) or {}
+        if owner.get("host") == socket.gethostname() and not is_alive(str(owner.get("pid"))):
+            study.tell(trial.number, state=TrialState.FAIL)
+            orphans.append(trial.number)
+    if orphans:
+        log.warning(
+            "Trials %s of study %r were left running by a sweep that was stopped (its process "
+            "is gone): marked failed.",
+            ", ".join(map(str, orphans)),
+            study.study_name,
+        )
+    return orphans
 
 
 def make_sqlite_folder(storage: str | None) -> None:

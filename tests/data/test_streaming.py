@@ -297,6 +297,19 @@ def test_streaming_validates_and_tests_on_the_held_out_files(tmp_path):
     assert module.state_dict()["tokenizer"]
 
 
+@pytest.mark.parametrize(("saved", "resumed"), [(2, 1), (0, 2)])
+def test_a_stream_resumed_with_another_number_of_workers_is_refused_before_training(
+    tmp_path, saved, resumed
+):
+    state = streaming_module(tmp_path / "saved", num_workers=saved).state_dict()
+    assert state["stream_workers"] == saved
+    with pytest.raises(ConfigError) as error:
+        streaming_module(tmp_path / "resumed", num_workers=resumed).load_state_dict(state)
+    assert f"data.num_workers={saved}, and this run asks for {resumed}" in str(error.value)
+    assert str(error.value).endswith(f"Resume with data.num_workers={saved}.")
+    streaming_module(tmp_path / "same", num_workers=saved).load_state_dict(state)  # resumes
+
+
 def test_a_checkpoint_s_tokenizer_loaded_after_setup_replaces_the_stream_s_too(tmp_path):
     """Lightning sets a datamodule up before it loads the checkpoint's state: a tokenizer that
     differs from the one setup built (bytes here, a BPE in the checkpoint) re-encodes the

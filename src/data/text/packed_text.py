@@ -355,16 +355,25 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     # -- checkpoints -------------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """What checkpoints keep of the datamodule: its tokenizer, as plain strings."""
-        return {} if self.tokenizer is None else {"tokenizer": tokenizer_state(self.tokenizer)}
+        """What checkpoints keep of the datamodule.
+
+        Its tokenizer, as plain strings, and what its source needs to resume.
+        """
+        state = self.source.state_dict()
+        return (
+            state
+            if self.tokenizer is None
+            else {**state, "tokenizer": tokenizer_state(self.tokenizer)}
+        )
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Use the checkpoint's tokenizer.
+        """Check that the source can resume, then use the checkpoint's tokenizer.
 
-        Lightning calls this after `setup` when it resumes: a tokenizer that differs from the one
-        setup built (a BPE retrained, a changed folder) replaces it, and the documents are
-        tokenised again with it.
+        Lightning calls this after `setup` when it resumes, before training: a tokenizer that
+        differs from the one setup built (a BPE retrained, a changed folder) replaces it, and
+        the documents are tokenised again with it.
         """
+        self.source.check_resume(state_dict)
         if "tokenizer" not in state_dict:
             if self.tokenizer is None:
                 self.tokenizer = self._tokenizer_of_older_checkpoint()

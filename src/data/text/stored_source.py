@@ -1,7 +1,7 @@
 """The stored token source: training, validation and test rows all from the token store."""
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torchdata.stateful_dataloader import StatefulDataLoader
@@ -60,3 +60,10 @@ class StoredSource:
         """The metrics of the training split as batched."""
         train = self.datasets["train"]
         return self.module.row_metrics(train.row_lengths(), len(train.pieces))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nothing: the loader's sampler resumes whatever the number of workers."""
+        return {}
+
+    def check_resume(self, state: dict[str, Any]) -> None:
+        """Any stored run resumes."""

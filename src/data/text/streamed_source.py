@@ -6,7 +6,7 @@ from the token store of the held-out files `data.val_paths`.
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -148,6 +148,25 @@ class StreamedSource:
                 "length (and trainer.max_epochs=-1)"
             )
         return trainer.max_steps * trainer.accumulate_grad_batches * batch_size
+
+    def state_dict(self) -> dict[str, Any]:
+        """The number of loader workers: each keeps its own place in its own files."""
+        return {"stream_workers": self.module.num_workers}
+
+    def check_resume(self, state: dict[str, Any]) -> None:
+        """Refuse another number of workers than the checkpoint's.
+
+        The stream's position is kept per worker, and cannot be dealt out again exactly over
+        another count.
+        """
+        saved = state.get("stream_workers")
+        if saved is not None and saved != self.module.num_workers:
+            raise ConfigError(
+                f"This checkpoint streamed its training data with data.num_workers={saved}, "
+                f"and this run asks for {self.module.num_workers}: the stream's position is "
+                f"kept per worker, so it resumes exactly only with the same count. Resume with "
+                f"data.num_workers={saved}."
+            )
 
     def packing_metrics(self) -> dict[str, float]:
         """The metrics of the stream's first buffer."""

@@ -8,7 +8,7 @@ the source says what the store holds, how its documents split, and what each loa
 """
 
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -46,6 +46,14 @@ class TokenSource(Protocol):
 
     def packing_metrics(self) -> dict[str, float]:
         """Rows, padding fraction and documents per row of the training rows."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run must match to continue the training rows exactly."""
+        ...
+
+    def check_resume(self, state: dict[str, Any]) -> None:
+        """Refuse, before training, to resume from a checkpoint whose `state_dict` differs."""
         ...
 
 

@@ -40,8 +40,22 @@ QUIET_NOTICES = re.compile(
 )
 QUIET_LOGGERS = ("lightning.pytorch.callbacks.model_summary",)
 
-# Warnings about a library's own code, which no config can fix: (category, message pattern).
-QUIET_WARNINGS = ((FutureWarning, re.compile(r"`isinstance\(treespec, LeafSpec\)` is deprecated")),)
+# Warnings about a library's own code or this project's, which no config can fix: (category,
+# message pattern).
+QUIET_WARNINGS = (
+    (FutureWarning, re.compile(r"`isinstance\(treespec, LeafSpec\)` is deprecated")),
+    # The language model refuses image tokens before the batch moves to the device, on purpose.
+    (
+        UserWarning,
+        re.compile(r"You have overridden `on_before_batch_transfer` in `LightningModule`"),
+    ),
+    # A stream knows its length (the run's rows) and splits its files across workers itself.
+    (UserWarning, re.compile(r"Your `IterableDataset` has `__len__` defined")),
+    # A resumed run writes into its own checkpoints/ folder, which a lock keeps to one run.
+    (UserWarning, re.compile(r"Checkpoint directory .* exists and is not empty")),
+    # Throughput is measured per rank without a collective (src/callbacks/measurement/).
+    (UserWarning, re.compile(r"It is recommended to use `self.log\('perf/")),
+)
 
 
 class QuietConsole(logging.Filter):

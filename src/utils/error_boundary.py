@@ -94,7 +94,8 @@ def log_traceback(error: BaseException) -> str:
     )
     paths = []
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
+        # A handler into os.devnull (pytest's, say) keeps nothing to point the user to.
+        if isinstance(handler, logging.FileHandler) and handler.baseFilename != os.devnull:
             handler.handle(record)
             paths.append(handler.baseFilename)
     if not paths:

@@ -9,11 +9,11 @@ import errno
 import json
 import re
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from hydra.errors import MissingConfigException
 from safetensors.torch import save_file
 
 from scripts.generate import main as generate_main
@@ -21,6 +21,7 @@ from src.callbacks.training.divergence import DivergenceError
 from src.checkpoints import io as checkpoint_io
 from src.run.config.key_hints import typo_hint
 from src.run.hydra_callbacks import check_writable
+from src.utils.error_boundary import exit_in_one_line
 from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError, first_cause
 from tests.helpers import (
     FAST,
@@ -35,10 +36,6 @@ from tests.helpers import (
     write_mnist,
 )
 from train import train
-
-
-def unknown_option(tmp_path):
-    return ["model=resnet9000"]
 
 
 def wrong_type(tmp_path):
@@ -214,7 +211,6 @@ def cut_tensor_file(tmp_path):
 
 CASES = {
     # case: (make the input, expected error, words the message must contain)
-    "unknown config option": (unknown_option, MissingConfigException, ["cnn", "simplenet"]),
     "wrong value type": (wrong_type, ConfigError, ["trainer.max_epochs='ten'", "expects int"]),
     "missing dataset file": (missing_dataset, MissingFileError, ["MNIST/raw", "data.data_dir"]),
     "corrupt dataset file": (corrupt_dataset, DataError, ["not valid IDX", "Delete them"]),
@@ -468,14 +464,40 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_input_gets_a_clear_error(tmp_path, case):
+    """Through the entry points' error boundary: one line that names the log holding the
+    traceback, exit status 1, and every file the user had left as it was."""
     make_input, error_type, words = CASES[case]
     overrides = make_input(tmp_path)
-    with pytest.raises(Exception) as raised:  # noqa: PT011 - Hydra may wrap it: user_error unwraps
+    before = files_and_contents(tmp_path)
+
+    @exit_in_one_line
+    def run() -> None:
         train(compose_config(tmp_path / "run", [*FAST, *overrides]))
-    error = user_error(raised.value, error_type)
+
+    with pytest.raises(SystemExit) as exit_:
+        run()
+    line = exit_.value.code
+    assert isinstance(line, str), f"{case}: exit status {line}, not 1 with a message"
+    assert line.startswith("Error: "), line
+    assert "\n" not in line, f"{case}: more than one line: {line}"
+    log = re.fullmatch(r".* \(full traceback: (.+)\)", line)
+    assert log, f"{case}: the line names no log: {line}"
+    assert "Traceback (most recent call last)" in Path(log[1]).read_text(), log[1]
+    error = user_error(exit_.value.__context__, error_type)  # what the boundary ended
     for word in words:
         assert word in str(error), f"{case}: {word!r} not in: {error}"
-    assert "weights_only" not in str(error), f"{case}: advises an unsafe load"
+        assert " ".join(word.split()) in line, f"{case}: {word!r} not in the line: {line}"
+    assert "weights_only" not in line, f"{case}: advises an unsafe load"
+    assert files_and_contents(tmp_path) == before, f"{case}: an input file changed"
+
+
+def files_and_contents(folder: Path) -> dict[str, bytes]:
+    """Every file under `folder` with its bytes, but the run's own folder and caches."""
+    return {
+        str(path.relative_to(folder)): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.relative_to(folder).parts[0] not in ("run", "cache")
+    }
 
 
 def user_error(raised: BaseException, error_type: type) -> BaseException:

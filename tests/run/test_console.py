@@ -35,8 +35,37 @@ def record(message: str, name: str = "lightning.pytorch.utilities.rank_zero", **
             name="py.warnings",
             category=FutureWarning,
         ),
+        *[
+            record(f"{file}: {message}", name="py.warnings", category=UserWarning)
+            for file, message in [
+                (
+                    "data_connector.py:378",
+                    "You have overridden `on_before_batch_transfer` in `LightningModule` but "
+                    "have passed in a `LightningDataModule`.",
+                ),
+                ("data.py:123", "Your `IterableDataset` has `__len__` defined. In combination"),
+                ("model_checkpoint.py:881", "Checkpoint directory /r/c exists and is not empty."),
+                (
+                    "result.py:433",
+                    "It is recommended to use `self.log('perf/mfu', ..., sync_dist=True)` when "
+                    "logging on epoch level in distributed setting",
+                ),
+            ]
+        ],
     ],
-    ids=["tip", "seed", "devices", "local rank", "restoring", "lightning summary", "torch"],
+    ids=[
+        "tip",
+        "seed",
+        "devices",
+        "local rank",
+        "restoring",
+        "lightning summary",
+        "torch",
+        "batch transfer hook",
+        "stream length",
+        "resumed folder",
+        "per-rank throughput",
+    ],
 )
 def test_quiet_console_drops_lightning_tips_repeats_and_library_warnings(dropped):
     assert not console.QuietConsole().filter(dropped), dropped.getMessage()
@@ -63,8 +92,21 @@ def test_quiet_console_drops_lightning_tips_repeats_and_library_warnings(dropped
             name="py.warnings",
             category=UserWarning,
         ),
+        record(  # the user's own metric, which may need syncing across ranks
+            "It is recommended to use `self.log('val/f1', ..., sync_dist=True)`",
+            name="py.warnings",
+            category=UserWarning,
+        ),
     ],
-    ids=["fit stopped", "loaded weights", "own notice", "loader bottleneck", "config", "category"],
+    ids=[
+        "fit stopped",
+        "loaded weights",
+        "own notice",
+        "loader bottleneck",
+        "config",
+        "category",
+        "user metric sync",
+    ],
 )
 def test_quiet_console_keeps_what_a_user_acts_on(kept):
     assert console.QuietConsole().filter(kept), kept.getMessage()

@@ -23,6 +23,7 @@ from src.run.config.key_hints import typo_hint
 from src.run.hydra_callbacks import check_writable
 from src.utils.error_boundary import exit_in_one_line
 from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError, first_cause
+from tests.entry_points.support import assert_unchanged, files_and_contents
 from tests.helpers import (
     FAST,
     ROOT,
@@ -488,16 +489,7 @@ def test_bad_input_gets_a_clear_error(tmp_path, case):
         assert word in str(error), f"{case}: {word!r} not in: {error}"
         assert " ".join(word.split()) in line, f"{case}: {word!r} not in the line: {line}"
     assert "weights_only" not in line, f"{case}: advises an unsafe load"
-    assert files_and_contents(tmp_path) == before, f"{case}: an input file changed"
-
-
-def files_and_contents(folder: Path) -> dict[str, bytes]:
-    """Every file under `folder` with its bytes, but the run's own folder and caches."""
-    return {
-        str(path.relative_to(folder)): path.read_bytes()
-        for path in sorted(folder.rglob("*"))
-        if path.is_file() and path.relative_to(folder).parts[0] not in ("run", "cache")
-    }
+    assert_unchanged(before, tmp_path, case=case)
 
 
 def user_error(raised: BaseException, error_type: type) -> BaseException:

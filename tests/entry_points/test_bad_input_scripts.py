@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import save_file
 
 from src.models.language.qwen import QwenLM
+from tests.entry_points.support import assert_unchanged, files_and_contents
 from tests.helpers import FAST, ROOT, compose_config, run_script, tiny_config
 from train import train
 
@@ -256,15 +257,4 @@ def test_an_entry_point_ends_a_mistake_in_one_line_naming_its_log(tmp_path, inpu
     for word in words:
         assert word in logged[1], f"{case}: {word!r} not in: {line}"
     assert "Traceback (most recent call last)" in (ROOT / logged[2]).read_text(), logged[2]
-    after = files_and_contents(tmp_path, inputs["folder"])
-    assert {path: after.get(path) for path in before} == before, f"{case}: a file changed"
-
-
-def files_and_contents(*folders: Path) -> dict[str, bytes]:
-    """Every file under `folders` with its bytes."""
-    return {
-        str(path): path.read_bytes()
-        for folder in folders
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-    }
+    assert_unchanged(before, tmp_path, inputs["folder"], case=case)

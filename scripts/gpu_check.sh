@@ -8,7 +8,9 @@
 # Steps: the torch / CUDA / device facts; the fused kernels against the PyTorch path, the
 # model against transformers, packed against padded rows and bf16 against fp32 on the device
 # (scripts/gpu_parity.py, which logs the path each layer took); `experiment=lm_text` for
-# STEPS steps under trainer=fsdp and trainer=model_parallel; scripts/bench_lm.py on the 0.6B
+# STEPS steps under trainer=fsdp and trainer=model_parallel; a bf16 supervised fine-tuning run
+# of the Qwen3.5-0.8B shape at its vocabulary of 248,320 (MFU) and a bf16 mixture-of-experts
+# run (32 experts, 4 per token, grouped_mm on the device); scripts/bench_lm.py on the 0.6B
 # config, at Qwen3's vocabulary (peak memory) and fine-tuning the 0.6B in full or with LoRA,
 # activation checkpointing off and on. Each step's output goes to its own log; summary.md is
 # one Markdown table ready for docs/BENCHMARKS.md. A failing step is recorded and the others
@@ -50,14 +52,19 @@ skip() {
     printf '%s\tskipped (%s)\t0\n' "$1" "$2" >>"$RESULTS"
 }
 
-# train NAME OVERRIDES...: a short lm_text run in its own run directory.
+# train NAME EXPERIMENT OVERRIDES...: a short run of conf/experiment/EXPERIMENT.yaml in its own
+# run directory.
 train() {
-    local name=$1
-    shift
-    step "$name" $PY train.py experiment=lm_text trainer.max_steps="$STEPS" \
+    local name=$1 experiment=$2
+    shift 2
+    step "$name" $PY train.py experiment="$experiment" trainer.max_steps="$STEPS" \
         trainer.val_check_interval="$STEPS" trainer.limit_val_batches=4 test=false \
         callbacks.rich_progress_bar=null logger=csv hydra.run.dir="$OUT_DIR/$name" "$@"
 }
+# The mixture of experts of bench_moe's comparison: 32 experts, 4 per token, every layer sparse.
+MOE=(model=qwen3_moe_tiny model.config.num_experts=32 model.config.num_experts_per_tok=4)
+# SFT on the synthetic conversations, exact match on a few validation prompts.
+SFT=(data.exact_match_samples=4)
 
 step facts $PY scripts/check_env.py
 if command -v nvidia-smi >/dev/null; then
@@ -67,9 +74,14 @@ fi
 step parity $PY scripts/gpu_parity.py --device "$DEV" --output "$OUT_DIR/parity.md"
 
 if [[ $DEV == cuda ]]; then
-    train fsdp trainer=fsdp trainer.devices=1
-    train model_parallel trainer=model_parallel trainer.devices=1 \
+    train fsdp lm_text trainer=fsdp trainer.devices=1
+    train model_parallel lm_text trainer=model_parallel trainer.devices=1 \
         trainer.strategy.data_parallel_size=1
+    train sft_qwen3_5 lm_sft model=qwen3_5_0_8b trainer.precision=bf16-mixed \
+        data.max_seq_len=2048 data.batch_size=8 "${SFT[@]}"
+    train moe lm_text "${MOE[@]}" model.config.hidden_size=1024 \
+        model.config.moe_intermediate_size=512 model.config.num_hidden_layers=8 \
+        trainer.precision=bf16-mixed data.max_seq_len=2048 data.batch_size=8
     step bench_lm $PY scripts/bench_lm.py --device cuda --models qwen3_0_6b hybrid \
         --repeats 3 --output "$OUT_DIR/bench_lm.md"
     step bench_vocab $PY scripts/bench_lm.py --device cuda --models dense --vocab-size 151936 \
@@ -80,8 +92,12 @@ if [[ $DEV == cuda ]]; then
         --output "$OUT_DIR/bench_finetune.md"
 else
     skip fsdp "Lightning runs FSDP on CUDA only"
-    train model_parallel trainer=model_parallel trainer.accelerator=cpu trainer.precision=32-true \
-        model=qwen3_tiny data.max_seq_len=64 data.batch_size=4
+    train model_parallel lm_text trainer=model_parallel trainer.accelerator=cpu \
+        trainer.precision=32-true model=qwen3_tiny data.max_seq_len=64 data.batch_size=4
+    train sft_qwen3_5 lm_sft model=qwen3_5_tiny trainer.accelerator=cpu \
+        trainer.precision=32-true data.max_seq_len=128 data.batch_size=4 "${SFT[@]}"
+    train moe lm_text "${MOE[@]}" trainer.accelerator=cpu trainer.precision=32-true \
+        trainer.log_every_n_steps=2 data.max_seq_len=64 data.batch_size=4
     step bench_lm $PY scripts/bench_lm.py --device cpu --quick --output "$OUT_DIR/bench_lm.md"
     step bench_vocab $PY scripts/bench_lm.py --device cpu --quick --models dense --precisions fp32 \
         --vocab-size 4096 --memory --output "$OUT_DIR/bench_vocab.md"

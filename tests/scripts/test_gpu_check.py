@@ -1,5 +1,6 @@
 """scripts/gpu_check.sh: refuses what it cannot run, and its CPU dry run runs every other step."""
 
+import json
 import os
 import sys
 
@@ -41,6 +42,8 @@ def test_the_cpu_dry_run_runs_every_step_but_the_cuda_only_ones(tmp_path):
         "parity": "ok",
         "fsdp": "skipped (Lightning runs FSDP on CUDA only)",
         "model_parallel": "ok",
+        "sft_qwen3_5": "ok",
+        "moe": "ok",
         "bench_lm": "ok",
         "bench_vocab": "ok",
         "bench_finetune": "ok",
@@ -52,3 +55,6 @@ def test_the_cpu_dry_run_runs_every_step_but_the_cuda_only_ones(tmp_path):
     assert "ours peak memory" in summary
     assert "| LoRA r=16 |" in summary
     assert (out / "model_parallel" / "metrics.json").is_file()
+    assert "| sft_qwen3_5 | ok |" in summary
+    moe = json.loads((out / "moe" / "metrics.json").read_text())["metrics"]
+    assert "moe/load_max_over_mean" in moe, sorted(moe)  # the experts routed and were logged

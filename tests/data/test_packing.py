@@ -98,6 +98,13 @@ def test_only_response_tokens_and_the_stop_token_are_targets():
     assert batch["labels"].tolist() == [[X, X, 4, 5, 6, X]]
 
 
+@pytest.mark.parametrize("strategy", ["best_fit", "greedy"])
+def test_no_documents_pack_into_no_rows(strategy):
+    rows = pack(np.zeros(0, np.int64), 64, strategy)
+    assert len(rows) == 0
+    assert list(rows) == []
+
+
 def test_best_fit_decreasing_fills_the_tightest_row():
     assert as_lists(pack([5, 3, 4, 2, 6, 1], 8)) == [[4, 3], [0, 1], [2, 5]]
 

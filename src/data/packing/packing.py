@@ -220,13 +220,15 @@ def pack(lengths: np.ndarray | Sequence[int], capacity: int, strategy: str = "be
     if len(lengths) and (lengths.max() > capacity or lengths.min() < 1):
         raise ValueError(f"every length must be in [1, {capacity}] before packing")
     lengths = lengths.astype(index_dtype(capacity), copy=False)
+    if strategy not in PACKING_STRATEGIES:
+        raise DataError(
+            f"packing_strategy={strategy!r} is not a strategy; choose one of {PACKING_STRATEGIES}"
+        )
+    if not len(lengths):
+        return Rows(compact(np.zeros(0, np.int64)), compact(np.zeros(1, np.int64)))
     if strategy == "best_fit":
         return _best_fit_decreasing(lengths, capacity)
-    if strategy == "greedy":
-        return _greedy(lengths, capacity)
-    raise DataError(
-        f"packing_strategy={strategy!r} is not a strategy; choose one of {PACKING_STRATEGIES}"
-    )
+    return _greedy(lengths, capacity)
 
 
 class _OpenRows:

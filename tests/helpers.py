@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.run.config.compose import ROOT, compose_run_config
+from src.utils.errors import UserFacingError, first_cause
 from tests.warm_interpreter import run_warm
 from train import train
 
@@ -164,6 +165,14 @@ def small_image_folder_overrides(folder: Path) -> list[str]:
         "data.pin_memory=false",
         "data.batch_size=8",
     ]
+
+
+def user_error(raised: BaseException, error_type: type = UserFacingError) -> BaseException:
+    """The `error_type` error in `raised` or what it was raised from, as the entry points find
+    it (Hydra's instantiate wraps the errors of the objects it builds)."""
+    error = first_cause(raised, error_type)
+    assert error is not None, f"{type(raised).__name__}, not {error_type.__name__}: {raised}"
+    return error
 
 
 # -- processes and trainers -------------------------------------------------------------------

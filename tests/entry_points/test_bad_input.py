@@ -22,7 +22,7 @@ from src.checkpoints import io as checkpoint_io
 from src.run.config.key_hints import typo_hint
 from src.run.hydra_callbacks import check_writable
 from src.utils.error_boundary import exit_in_one_line
-from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError, first_cause
+from src.utils.errors import CheckpointError, ConfigError, DataError, MissingFileError
 from tests.entry_points.support import assert_unchanged, files_and_contents
 from tests.helpers import (
     FAST,
@@ -33,6 +33,7 @@ from tests.helpers import (
     shakespeare_excerpt,
     small_image_folder_overrides,
     text_lm_overrides,
+    user_error,
     write_image_folder,
     write_mnist,
 )
@@ -490,14 +491,6 @@ def test_bad_input_gets_a_clear_error(tmp_path, case):
         assert " ".join(word.split()) in line, f"{case}: {word!r} not in the line: {line}"
     assert "weights_only" not in line, f"{case}: advises an unsafe load"
     assert_unchanged(before, tmp_path, case=case)
-
-
-def user_error(raised: BaseException, error_type: type) -> BaseException:
-    """The `error_type` error in `raised` or what it was raised from, as the entry points find
-    it (Hydra's instantiate wraps the errors of the objects it builds)."""
-    error = first_cause(raised, error_type)
-    assert error is not None, f"{type(raised).__name__}, not {error_type.__name__}: {raised}"
-    return error
 
 
 def disk_full_after(saves: int, torch_save):

@@ -16,10 +16,8 @@ from src.utils.errors import (
     CheckpointError,
     ConfigError,
     MissingFileError,
-    UserFacingError,
-    first_cause,
 )
-from tests.helpers import FAST, compose_config, write_image_folder
+from tests.helpers import FAST, compose_config, user_error, write_image_folder
 from train import train
 
 SIZES = {"resnet18": 32, "vit_b_16": 32}  # small images: 2x2 patches for the ViT
@@ -71,13 +69,6 @@ def last_weights(run_dir) -> dict[str, torch.Tensor]:
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
     state = checkpoint["state_dict"]
     return {key.removeprefix("net."): value for key, value in state.items() if key[:4] == "net."}
-
-
-def user_error(raised: BaseException) -> BaseException:
-    """The UserFacingError in `raised` or what it was raised from, as the entry points find it."""
-    error = first_cause(raised, UserFacingError)
-    assert error is not None, f"no user-facing error in {type(raised).__name__}: {raised}"
-    return error
 
 
 def resnet18_backbone(weights: str | None):

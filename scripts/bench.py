@@ -15,6 +15,11 @@
    tokens/s and peak GPU memory. On one GPU FSDP has nothing to shard across and runs
    NO_SHARD, so this measures its wrapping, precision and recomputation costs, not sharding.
    One run per arm by default (about 3 minutes on an H200); `--lm-repeats 3` for medians.
+6. startup (only when asked for): wall time of fresh processes, `python -c "import lightning"`
+   vs `python train.py --help` and vs a one-epoch digits run (`train.py trainer.max_epochs=1`):
+   what the template adds to the import every run pays anyway. The first run of each arm is
+   the cold start (files not yet in the OS cache, if the machine was idle), the medians are
+   over the later runs.
 
 Each case alternates its arms `--repeats` times and reports medians of steady-state rates
 (warm-up steps excluded); cold start is reported separately. Usage:
@@ -22,6 +27,7 @@ Each case alternates its arms `--repeats` times and reports medians of steady-st
     python scripts/bench.py                 # trainer, data, compile; writes logs/bench/bench.json
     python scripts/bench.py --cases ddp     # the DDP case alone (needs 2 idle cores)
     python scripts/bench.py --cases fsdp    # on a GPU machine
+    python scripts/bench.py --cases startup # about 2.5 minutes on 2 cores
     python scripts/bench.py --quick         # seconds; checks the machinery, not the speed
 """
 
@@ -342,6 +348,56 @@ def bench_fsdp(args, work: Path) -> list[dict]:
     return [row]
 
 
+# -- 6. start-up: import lightning vs train.py --help vs a one-epoch digits run ---------------
+
+IMPORT_LIGHTNING, DIGITS = "import lightning", "digits, 1 epoch"
+STARTUP_ARMS = {  # arm: the arguments of `python`
+    IMPORT_LIGHTNING: ["-c", "import lightning"],
+    "train.py --help": ["train.py", "--help"],
+    DIGITS: ["train.py", "trainer.max_epochs=1"],
+}
+
+
+def process_seconds(arguments: list[str], log_dir: Path) -> float:
+    """Wall time of `python <arguments>` in a fresh process, from spawn to exit."""
+    command = [sys.executable, *arguments]
+    environment = os.environ | {"PROJECT_LOG_DIR": str(log_dir)}
+    start = time.perf_counter()
+    process = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{process.stderr[-3000:]}")
+    return seconds
+
+
+def bench_startup(args, work: Path) -> list[dict]:
+    """Each arm `--startup-repeats` times, interleaved; the first round is the cold start, the
+    medians are over the later rounds (over the only one with `--quick`). Here the ratio is of
+    times, not rates: the arm's seconds over the import's, lower is better."""
+    runs: dict[str, list[float]] = {arm: [] for arm in STARTUP_ARMS}
+    for repeat in range(args.startup_repeats):
+        for index, (arm, arguments) in enumerate(STARTUP_ARMS.items()):
+            runs[arm].append(process_seconds(arguments, work / f"startup_{repeat}_{index}"))
+    rows = []
+    for case, candidate in [("startup/--help", "train.py --help"), ("startup/digits", DIGITS)]:
+        arms = {arm: runs[arm] for arm in (IMPORT_LIGHTNING, candidate)}
+        steady = {arm: seconds[1:] or seconds for arm, seconds in arms.items()}
+        medians = {arm: statistics.median(seconds) for arm, seconds in steady.items()}
+        rows.append(
+            {
+                "case": case,
+                "unit": "s",
+                "medians": medians,
+                "ratio": medians[candidate] / medians[IMPORT_LIGHTNING],
+                "reference": IMPORT_LIGHTNING,
+                "candidate": candidate,
+                "runs": arms,
+                "cold_start_s": {arm: seconds[0] for arm, seconds in arms.items()},
+            }
+        )
+    return rows
+
+
 # -- reporting -------------------------------------------------------------------------------
 
 
@@ -377,9 +433,10 @@ def print_table(rows: list[dict]) -> None:
         for arm in (row["reference"], row["candidate"], *others):
             cold = row.get("cold_start_s", {}).get(arm)
             ratio = f"{row['ratio']:.2f}x" if arm == row["candidate"] else ""
+            median = f"{row['medians'][arm]:>9.{2 if row['unit'] == 's' else 1}f}"
             print(
                 f"{row['case'] if arm == row['reference'] else '':<18} {arm:<24} "
-                f"{row['medians'][arm]:>9.1f} {row['unit']:<6} "
+                f"{median} {row['unit']:<6} "
                 f"{'' if cold is None else f'{cold:.3f} s':>11} {ratio:>7}"
             )
         if "peak_memory_gib" in row:
@@ -397,7 +454,7 @@ def print_table(rows: list[dict]) -> None:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes: checks, not timings")
-    parser.add_argument("--cases", default="trainer,data,compile", help="and/or ddp, fsdp")
+    parser.add_argument("--cases", default="trainer,data,compile", help="and/or ddp, fsdp, startup")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--steps", type=int, default=300)
@@ -407,11 +464,15 @@ def parse_args(argv=None):
     parser.add_argument("--seq-len", type=int, default=2048, help="fsdp: tokens per row")
     parser.add_argument("--lm-steps", type=int, default=30, help="fsdp: timed steps per run")
     parser.add_argument("--lm-repeats", type=int, default=1, help="fsdp: runs per arm")
+    parser.add_argument(
+        "--startup-repeats", type=int, default=6, help="startup: rounds, the first one cold"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "logs" / "bench" / "bench.json")
     args = parser.parse_args(argv)
     if args.quick:
         args.warmup, args.steps, args.repeats, args.data_samples = 2, 4, 1, 256
         args.lm_batch_size, args.seq_len, args.lm_steps = 2, 128, 4
+        args.startup_repeats = 1
     return args
 
 
@@ -423,6 +484,7 @@ def main(argv=None) -> list[dict]:
         "compile": lambda a, _: bench_compile(a),
         "ddp": bench_ddp,
         "fsdp": bench_fsdp,
+        "startup": bench_startup,
     }
     rows = []
     with tempfile.TemporaryDirectory() as work:

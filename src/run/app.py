@@ -7,12 +7,14 @@ per directory.
 import functools
 import inspect
 import os
+import string
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
@@ -59,6 +61,9 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
         @functools.wraps(app)
         @exit_in_one_line
         def main() -> Any:
+            if (text := quick_help(root / "conf", config_name, sys.argv[1:])) is not None:
+                print(text)
+                return None
             with run_dir_lock(pinned_run_dir(sys.argv[1:])):  # before Hydra writes there
                 try:
                     return app()
@@ -70,6 +75,35 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
         return main
 
     return decorate
+
+
+HELP_FLAGS = ("--help", "-h")
+
+
+def quick_help(conf_dir: Path, config_name: str, argv: list[str]) -> str | None:
+    """`--help` as Hydra prints it, in 0.2 s rather than 1 s; None where Hydra should answer.
+
+    Hydra's own `--help` lists every option of every group (Hydra's included) for the template
+    to use, whether it does or not: 0.8 s here, while ours (conf/hydra/default.yaml) shows
+    `console.help_text` alone. So a `--help` among overrides only is answered from the config
+    they compose; with other flags, or on a config that does not compose, Hydra answers (and
+    reports the error its way).
+    """
+    if not any(arg in HELP_FLAGS for arg in argv) or any(
+        arg.startswith("-") and arg not in HELP_FLAGS for arg in argv
+    ):
+        return None
+    overrides = [arg for arg in argv if arg not in HELP_FLAGS]
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+            template = cfg.hydra.help.template
+    except Exception:  # noqa: BLE001 - Hydra's --help reports it as it always has
+        return None
+    # A template that shows Hydra's listings ($APP_CONFIG_GROUPS, ...) needs Hydra to fill them.
+    if "$" in template.replace("$$", ""):
+        return None
+    return string.Template(template).substitute()  # `$$` -> `$`, as Hydra's fill-in does
 
 
 def checked_and_locked(task: Callable[[DictConfig], Any]) -> Callable[[DictConfig], Any]:

@@ -3,7 +3,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from src.data.image.digits import DigitsDataModule
+from src.data.image.digits import DigitsDataModule, load_digits
 from src.data.image.imagefolder import ImageFolderDataModule
 from src.data.image.mnist import MNISTDataModule
 from src.data.image.tensors import TensorDataModule
@@ -39,6 +39,15 @@ def test_digits_splits_are_disjoint_complete_and_fixed_by_seed():
     test = [tuple(x.flatten().tolist()) for x in first.datasets["test"].tensors[0]]
     # The digits set holds a few exact duplicate images; almost no test image may be in train.
     assert sum(image in train for image in test) < 0.02 * len(test)
+
+
+def test_digits_are_scikit_learns_read_without_importing_it():
+    from sklearn import datasets
+
+    images, labels = load_digits()
+    reference = datasets.load_digits()
+    np.testing.assert_array_equal(images, reference.images)
+    np.testing.assert_array_equal(labels, reference.target)
 
 
 def test_deterministic_transform_runs_once_per_split_not_per_sample():

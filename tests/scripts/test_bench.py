@@ -1,6 +1,7 @@
 """scripts/bench.py in quick mode: the output's shape and content, not its timings."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -54,3 +55,26 @@ def test_the_fsdp_case_checks_every_arms_config_before_it_asks_for_a_gpu(tmp_pat
     with pytest.raises(SystemExit, match="The fsdp case needs a CUDA GPU"):
         main(["--quick", "--cases", "fsdp", "--out", str(tmp_path / "bench.json")])
     assert not (tmp_path / "bench.json").exists()
+
+
+def test_bench_quick_startup_reports_both_ratios_against_the_import(tmp_path, capsys):
+    """One round of the three fresh processes (seconds each): the rows, not the timings."""
+    out = tmp_path / "bench.json"
+    rows = main(["--quick", "--cases", "startup", "--out", str(out)])
+    assert json.loads(out.read_text())["results"] == rows
+    cases = {row["case"]: row for row in rows}
+    assert set(cases) == {"startup/--help", "startup/digits"}
+    for row, candidate in [
+        (cases["startup/--help"], "train.py --help"),
+        (cases["startup/digits"], "digits, 1 epoch"),
+    ]:
+        assert (row["reference"], row["candidate"]) == ("import lightning", candidate)
+        assert row["unit"] == "s"
+        assert set(row["medians"]) == set(row["cold_start_s"]) == {"import lightning", candidate}
+        assert row["ratio"] == pytest.approx(
+            row["medians"][candidate] / row["medians"]["import lightning"]
+        )
+    table = capsys.readouterr().out
+    for case, candidate in [("startup/--help", "train.py --help"), ("startup/digits", "digits")]:
+        assert re.search(rf"^{case} +import lightning +[\d.]+ s ", table, re.MULTILINE), table
+        assert re.search(rf"^ +{candidate}.* s +[\d.]+x$", table, re.MULTILINE), table

@@ -32,7 +32,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from src.models.language.qwen.moe import GROUPED_MM_DTYPES, Experts, count_tokens
+from src.models.language.qwen.moe import Experts, compute_dtype, count_tokens
 
 EXPERT_MESH_DIMS = ("expert_data_parallel", "expert_parallel", "tensor_parallel")
 
@@ -161,19 +161,6 @@ class GatherShards(torch.autograd.Function):
         if ctx.group.size() > 1:
             grad = funcol.wait_tensor(funcol.reduce_scatter_tensor(grad, "sum", 0, ctx.group))
         return grad / ctx.ranks, None, None
-
-
-def compute_dtype(x: torch.Tensor) -> torch.dtype:
-    """The dtype the experts run in, as for `Experts`: autocast's under autocast, else x's."""
-    device_type = x.device.type
-    autocast = torch.is_autocast_enabled(device_type)
-    dtype = torch.get_autocast_dtype(device_type) if autocast else x.dtype
-    if dtype not in GROUPED_MM_DTYPES:
-        raise TypeError(
-            f"Experts run with grouped_mm, which supports float32, bfloat16 and float16, "
-            f"not {dtype}"
-        )
-    return dtype
 
 
 def exchange(

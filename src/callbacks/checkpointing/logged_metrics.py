@@ -38,7 +38,10 @@ class LoggedMetricsInCheckpoint(Callback):
         trainer.callback_metrics.update(self.restored)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """A fit resumed from its final checkpoint trains nothing and starts no training."""
+        """Give back what this fit did not log anew.
+
+        A fit resumed from its final checkpoint trains no step, so `on_train_start` never ran.
+        """
         for key, value in self.restored.items():
             trainer.callback_metrics.setdefault(key, value)
         self.restored = {}

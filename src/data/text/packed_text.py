@@ -48,6 +48,7 @@ from src.data.packing.packing import (
     TokenAccounting,
     describe_text,
     fit_to_length,
+    no_samples_left,
     pack,
 )
 from src.data.sampler import SplitLoaders, check_one_batch, resumable_loader
@@ -428,33 +429,3 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
             row_length=self.max_seq_len if self.packing else None,
             pad_to_multiple_of=self.pad_to_multiple_of,
         )
-
-
-def no_samples_left(split: str, lengths: np.ndarray, max_seq_len: int, answers: bool) -> str:
-    """Why a split holds no sample, and what to change.
-
-    Its share of the documents, or the length that the over-long policy dropped them all for
-    (`answers`: prompt-answer pairs, whose ends truncation would cut).
-    """
-    if not lengths.any():
-        share = (
-            "raise data.val_fraction"
-            if split == "val"
-            else "lower data.val_fraction and data.test_fraction"
-        )
-        return (
-            f"The {split} split has no samples: it got {len(lengths)} documents with text. Add "
-            f"documents, or {share}."
-        )
-    shortest = int(lengths[lengths > 0].min())
-    instead = (
-        "or shorten the prompts (data.overlong=truncate would cut the answers off)"
-        if answers
-        else "or choose data.overlong=truncate or split"
-    )
-    return (
-        f"The {split} split has no samples left: all {int((lengths > 0).sum())} of its documents "
-        f"are longer than data.max_seq_len={max_seq_len} tokens (the shortest has {shortest}, "
-        f"the longest {int(lengths.max())}), and data.overlong=drop leaves them out. Raise "
-        f"data.max_seq_len to at least {shortest}, {instead}."
-    )

@@ -284,7 +284,8 @@ def _describe(annotation: Any) -> str:
             if typing.get_origin(arg) is not typing.Literal
         ]
         values = _literal_values(annotation)
-        return " or ".join([f"one of {', '.join(map(repr, values))}"] * bool(values) + others)
+        listed = [f"one of {', '.join(map(repr, values))}"] if values else []
+        return " or ".join(listed + others)
     if typing.get_origin(annotation) is typing.Literal:
         return f"one of {', '.join(map(repr, typing.get_args(annotation)))}"
     if annotation is type(None):

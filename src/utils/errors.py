@@ -48,6 +48,12 @@ def first_cause(error: BaseException, kind: type[ErrorType]) -> ErrorType | None
     return next((cause for cause in cause_chain(error) if isinstance(cause, kind)), None)
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of the error's message, or its type's name when it has none."""
+    message = str(error).strip()
+    return message.splitlines()[0] if message else type(error).__name__
+
+
 def user_message(error: UserFacingError) -> str:
     """Return the error's message as the user needs it.
 

@@ -16,7 +16,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
-from src.utils.errors import CheckpointError, MissingFileError
+from src.utils.errors import CheckpointError, MissingFileError, first_line
 
 PREFIX = "net."  # the LightningModule attribute holding the network
 
@@ -91,7 +91,7 @@ def unpickler_reason(error: pickle.UnpicklingError) -> str:
 
 
 def _corrupt(path: Path, error: Exception) -> CheckpointError:
-    reason = str(error).splitlines()[0].split(". ")[0] if str(error) else type(error).__name__
+    reason = first_line(error).split(". ")[0]
     if isinstance(error, OSError):
         reason = f"it ends early, at {path.stat().st_size} bytes ({reason})"
     return CheckpointError(

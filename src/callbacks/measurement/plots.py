@@ -18,6 +18,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from src.callbacks.measurement.throughput import Throughput
+from src.utils.errors import first_line
 from src.utils.lightning import as_number, metrics_logged_this_step
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,7 @@ class Plots(Callback):
                         logger.experiment.add_graph(pl_module, sample.to(pl_module.device))
                     except Exception as error:  # noqa: BLE001 - a picture never fails a run
                         # The first line only: a failed trace check lists `ERROR: ...` lines.
-                        reason = str(error).strip().splitlines()[0] if str(error).strip() else error
-                        log.info("No model graph in TensorBoard (%s)", reason)
+                        log.info("No model graph in TensorBoard (%s)", first_line(error))
 
     # -- recording ---------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from src.data.image.datamodule import ImageDataModule
 from src.data.splits import split_off
-from src.utils.errors import ConfigError, DataError, MissingFileError
+from src.utils.errors import ConfigError, DataError, MissingFileError, first_line
 from src.utils.files import write_atomically
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class MNISTDataModule(ImageDataModule):
             with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
                 self.dataset_class(str(self.data_dir), train=True, download=True)
         except Exception as error:  # noqa: BLE001 - any network failure means "not available"
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            reason = first_line(error)
             log.warning("Could not download %s: %s", self.dataset_class.__name__, reason)
 
 

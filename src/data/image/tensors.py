@@ -15,7 +15,7 @@ from torch.utils.data import Dataset, TensorDataset
 
 from src.data.image.datamodule import ImageDataModule
 from src.data.splits import check_fractions, split_off
-from src.utils.errors import ConfigError, DataError, MissingFileError
+from src.utils.errors import ConfigError, DataError, MissingFileError, first_line
 
 ARRAY_KEYS = "x and y (optionally x_val, y_val, x_test, y_test)"
 SPLIT_KEYS = {"": ("x", "y"), "val": ("x_val", "y_val"), "test": ("x_test", "y_test")}
@@ -132,10 +132,9 @@ def _read_pt(path: Path) -> object:
 
 
 def _unreadable(path: Path, error: Exception) -> DataError:
-    reason = str(error).splitlines()[0] if str(error) else type(error).__name__
     return DataError(
-        f"data.path={path} is not a readable {path.suffix} file (truncated or corrupt: {reason}). "
-        f"Write it again."
+        f"data.path={path} is not a readable {path.suffix} file (truncated or corrupt: "
+        f"{first_line(error)}). Write it again."
     )
 
 

@@ -14,6 +14,7 @@ from src.callbacks.checkpointing.logged_metrics import LoggedMetricsInCheckpoint
 from src.callbacks.checkpointing.preemption import Preemption
 from src.callbacks.checkpointing.run_config import RunConfigInCheckpoint
 from src.callbacks.measurement.exact_match import ExactMatch
+from src.callbacks.training.loader_workers import StopLoaderWorkersOnError
 from src.callbacks.training.process_group import DestroyProcessGroupAtExit
 from src.run.config.fit_checks import ModelFitsData
 from src.run.config.instantiate import instantiate_config, instantiate_group
@@ -112,12 +113,14 @@ def build_trainer(cfg: DictConfig, run_config: tuple[dict, list[str]] | None = N
         trainer_config = {**config["trainer"], "precision": precision}
         run_config = ({**config, "trainer": trainer_config}, overrides)
     # Not config choices: the checks and metrics every run needs, whatever `callbacks=` says,
-    # and the process group's clean exit (without it a distributed CPU run can abort at exit).
+    # the process group's clean exit (without it a distributed CPU run can abort at exit), and
+    # a failed run's DataLoader workers stopped at once.
     mandatory = [
         ModelFitsData(),
         ExactMatch(),
         LoggedMetricsInCheckpoint(),
         DestroyProcessGroupAtExit(),
+        StopLoaderWorkersOnError(),
     ]
     callbacks = [*instantiate_group(cfg.get("callbacks")), *mandatory]
     if run_config is not None:

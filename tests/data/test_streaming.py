@@ -1,7 +1,6 @@
 """`data.streaming=true`: training documents read lazily from local shards, split across ranks
 and workers, packed online, served with the store's samples and metadata, resumed exactly."""
 
-import gc
 import itertools
 import json
 from collections import Counter
@@ -15,6 +14,7 @@ import pytest
 import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from src.callbacks.training.loader_workers import stop_workers
 from src.data.corpus.readers import resolve_stream_files
 from src.data.corpus.rows import PackedRows
 from src.data.corpus.tokenizers import ByteTokenizer
@@ -220,7 +220,11 @@ def test_a_shard_that_vanishes_mid_stream_is_a_one_line_data_error_naming_it(
     """Shard 3 vanishes before it is opened, shard 0 (already read) before the next pass."""
     files = write_shards(tmp_path / "shards", 4, per_shard=6)
     loader = StatefulDataLoader(
-        stream(files, shuffle=False), batch_size=2, num_workers=num_workers, collate_fn=COLLATE
+        stream(files, shuffle=False),
+        batch_size=2,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        collate_fn=COLLATE,
     )
     iterator = iter(loader)
     next(iterator)
@@ -228,8 +232,7 @@ def test_a_shard_that_vanishes_mid_stream_is_a_one_line_data_error_naming_it(
     with pytest.raises(DataError) as raised:
         list(itertools.islice(iterator, 100))
     message = user_message(raised.value)
-    del raised, iterator, loader
-    gc.collect()  # the workers stop here, not in whichever later test collects them
+    stop_workers(loader)  # as a failed run does (StopLoaderWorkersOnError)
     assert message.startswith(f"data.paths: the shard {files[vanished]} vanished while streaming")
     assert "\n" not in message
 

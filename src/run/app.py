@@ -16,11 +16,12 @@ from typing import Any
 import hydra
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
 from omegaconf import DictConfig
 
 from src.run import console
 from src.run.config.checks import check_accelerator, check_required_values
-from src.run.config.key_hints import typo_hint
+from src.run.config.composition_errors import composition_error, hydra_raises
 from src.run.launch import register_launch_resolvers
 from src.run.run_lock import pinned_run_dir, run_dir_lock
 from src.utils.error_boundary import end_job_in_one_line, exit_in_one_line
@@ -66,11 +67,11 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
                 return None
             with run_dir_lock(pinned_run_dir(sys.argv[1:])):  # before Hydra writes there
                 try:
-                    return app()
-                except SystemExit as stop:
-                    if stop.code and (hint := typo_hint(root / "conf", config_name, sys.argv[1:])):
-                        print(hint, file=sys.stderr)
-                    raise
+                    with hydra_raises():
+                        return app()
+                except HydraException as error:  # composing: a job's own ends in the job
+                    args = sys.argv[1:]
+                    raise composition_error(error, root / "conf", config_name, args) from error
 
         return main
 

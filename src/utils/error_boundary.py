@@ -28,6 +28,9 @@ from src.utils.errors import LaunchError, UserFacingError, first_cause, user_mes
 
 # Written in a failed job's directory: {"error": its one-line message, "log": the traceback's file}.
 ERROR_FILE = "error.json"
+# Whether the user asked for tracebacks (their HYDRA_FULL_ERROR), where an entry point set
+# HYDRA_FULL_ERROR=1 itself so that Hydra raises its errors (src/run/config/composition_errors.py).
+TRACEBACKS_ASKED = "PROJECT_FULL_ERROR"
 
 
 def exit_in_one_line(main: Callable) -> Callable:
@@ -77,6 +80,8 @@ def one_line(error: BaseException) -> str:
     if cause is not None:
         return " ".join(user_message(cause).split())
     lines = [line for line in user_message(error).splitlines() if line.strip()]  # type: ignore[arg-type]
+    if len(lines) > 1 and lines[0].endswith(":"):  # "Error in call to target 'X':" and why
+        lines = [f"{lines[0]} {lines[1]}"]
     detail = f": {' '.join(lines[0].split())[:300]}" if lines else ""
     script = Path(sys.argv[0]).name or "python"
     return f"{script} stopped on an unexpected {type(error).__name__}{detail}"
@@ -128,7 +133,7 @@ def read_job_error(job_dir: Path) -> str | None:
 
 def _show_traceback(args: tuple) -> bool:
     """Whether the user asked for tracebacks: HYDRA_FULL_ERROR=1, or a task's extras.quiet=false."""
-    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+    if os.environ.get(TRACEBACKS_ASKED, os.environ.get("HYDRA_FULL_ERROR")) == "1":
         return True
     config = args[0] if args else None
     extras = config.get("extras") if hasattr(config, "get") else None  # type: ignore[union-attr]

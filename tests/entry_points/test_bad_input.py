@@ -707,16 +707,3 @@ def test_a_mistyped_key_gets_the_close_key(override, hint):
 )
 def test_no_key_hint_where_a_key_is_not_mistyped(overrides):
     assert typo_hint(ROOT / "conf", "train", overrides) is None
-
-
-@pytest.mark.slow
-def test_train_py_prints_the_close_key_after_hydras_message(tmp_path):
-    result = run_script(
-        "train.py", ["trainer.max_epoch=3", f"hydra.run.dir={tmp_path}"], check=False
-    )
-    assert result.returncode == 1
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    last_line = result.stderr.strip().splitlines()[-1]
-    assert last_line == (
-        "trainer.max_epoch is not a key of the config: did you mean trainer.max_epochs=3?"
-    )

@@ -58,6 +58,55 @@ def earlier_export(inputs, tmp_path) -> Path:
 # script, its arguments ({ckpt}, {lm}, {text}, {weights}, {tmp}, {made}: what `make` wrote),
 # `make` (or None), words the one line must hold.
 CASES = {
+    # Hydra's refusals of the command line, each in one line (src/run/config/composition_errors.py)
+    "an option a group lacks": (
+        "train.py",
+        ["model=resnet9000"],
+        None,
+        ["model has no option 'resnet9000': choose one of cnn,", "(closest: resnet18)"],
+    ),
+    "a mistyped key": (
+        "train.py",
+        ["trainer.max_epoch=3"],
+        None,
+        ["trainer.max_epoch is not a key of the config: did you mean trainer.max_epochs=3?"],
+    ),
+    "a key no config has": (
+        "eval.py",
+        ["ckpt_path={ckpt}", "trainer.zzzzzz=1"],
+        None,
+        ["trainer.zzzzzz is not a key of the config", "add it with +trainer.zzzzzz="],
+    ),
+    "an override Hydra cannot read": (
+        "predict.py",
+        ["ckpt_path={ckpt}", "data.batch_size=["],
+        None,
+        ["data.batch_size=[ is not an override Hydra can read", "quote the value"],
+    ),
+    "a list that could be a sweep": (
+        "train.py",
+        ["model=cnn,simplenet"],
+        None,
+        ["Ambiguous value for argument 'model=cnn,simplenet'", "--multirun"],
+    ),
+    "an argument the model does not take": (
+        "train.py",
+        ["+model.hidden=64"],
+        None,
+        ["model.hidden is not an argument of", "ImageClassifier", "remove it (~model.hidden)"],
+    ),
+    "an argument the optimizer does not take": (
+        "train.py",
+        ["+optimizer.lrr=0.1"],
+        None,
+        ["optimizer.lrr is not an argument of torch.optim.Adam", "did you mean optimizer.lr?"],
+    ),
+    "an export format that does not exist": (
+        "scripts/export.py",
+        ["ckpt_path={ckpt}", "format=onnx2"],
+        None,
+        ["format", "onnx2"],
+    ),
     "eval without ckpt_path": ("eval.py", [], None, ["Required config value not set: ckpt_path"]),
     "eval on a missing file": (
         "eval.py",
@@ -251,6 +300,7 @@ def test_an_entry_point_ends_a_mistake_in_one_line_naming_its_log(tmp_path, inpu
 
     assert result.returncode == 1, f"{case}: exit {result.returncode}: {result.stderr[-2000:]}"
     assert "Traceback" not in result.stderr + result.stdout, f"{case}: {result.stderr[-2000:]}"
+    assert "HYDRA_FULL_ERROR" not in result.stderr, f"{case}: Hydra's own report: {result.stderr}"
     line = result.stderr.strip().splitlines()[-1]
     logged = re.fullmatch(r"Error: (.+) \(full traceback: (.+)\)", line)
     assert logged, f"{case}: not the boundary's line: {line}"

@@ -54,15 +54,6 @@ def test_train_then_eval_from_the_command_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_unknown_model_lists_the_available_ones():
-    result = run_train(["model=resnet9000"], check=False)
-    assert result.returncode != 0
-    assert "Could not find 'model/resnet9000'" in result.stderr
-    assert "cnn" in result.stderr
-    assert "simplenet" in result.stderr
-
-
-@pytest.mark.slow
 def test_wrongly_typed_value_names_the_key_and_the_expected_type_without_a_traceback():
     result = run_train(["trainer.max_epochs=ten"], check=False)
     assert result.returncode != 0

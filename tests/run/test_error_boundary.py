@@ -10,6 +10,8 @@ import os
 import pytest
 from lightning.pytorch import Callback
 
+from src.run.config.composition_errors import hydra_raises
+from src.utils.error_boundary import TRACEBACKS_ASKED
 from tests.helpers import FAST, run_script, run_train
 
 BUG = [
@@ -59,6 +61,32 @@ def test_a_user_who_asks_for_the_traceback_gets_it(tmp_path, asked, env):
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" in result.stderr, result.stderr[-3000:]
     assert "IndexError: list index out of range" in result.stderr, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("asked", [False, True])
+def test_hydras_own_refusal_is_one_line_unless_the_user_asks_for_the_traceback(tmp_path, asked):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1"} if asked else None
+    result = run_train(["model=resnet9000"], tmp_path, check=False, env=env)
+
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert ("Traceback" in result.stderr) == asked, result.stderr[-3000:]
+    if not asked:
+        [line] = result.stderr.strip().splitlines()
+        assert line.startswith("Error: model has no option 'resnet9000'"), line
+
+
+@pytest.mark.parametrize("asked", [None, "0", "1"])
+def test_while_hydra_raises_the_users_choice_is_kept_and_then_all_is_as_it_was(monkeypatch, asked):
+    monkeypatch.delenv(TRACEBACKS_ASKED, raising=False)
+    if asked is None:
+        monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    else:
+        monkeypatch.setenv("HYDRA_FULL_ERROR", asked)
+    with hydra_raises():
+        assert os.environ["HYDRA_FULL_ERROR"] == "1"
+        assert os.environ[TRACEBACKS_ASKED] == ("1" if asked == "1" else "0")
+    assert os.environ.get("HYDRA_FULL_ERROR") == asked
+    assert TRACEBACKS_ASKED not in os.environ
 
 
 @pytest.mark.slow

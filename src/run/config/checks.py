@@ -1,9 +1,9 @@
 """Catch missing and wrongly typed config values before anything is built, naming the fix.
 
-Hydra reports unknown group options well ("Could not find 'model/foo'... Available options"),
-but a value of the wrong type (`trainer.max_epochs=ten`) would otherwise surface as a traceback
-deep inside the object that received it. This walks every `_target_` node, reads the target's
-signature and compares each plain value with the parameter's annotation. A required value left
+A value of the wrong type (`trainer.max_epochs=ten`), or a key the target takes no argument
+for (`+model.hidden=64`), would otherwise surface as a traceback deep inside the object that
+received it. This walks every `_target_` node, reads the target's signature, refuses keys it
+lacks and compares each plain value with the parameter's annotation. A required value left
 unset (`???`, e.g. `data.path` of data=tensors) would surface as OmegaConf's
 MissingMandatoryValue traceback wherever it is first read; it is named up front instead.
 """
@@ -210,9 +210,11 @@ def _items(cfg: DictConfig | ListConfig) -> Iterator[tuple[DictKeyType, Any]]:
 
 def _check_target_node(node: DictConfig, path: str) -> None:
     try:
-        hints = _parameter_hints(hydra.utils.get_object(node._target_))
+        target = hydra.utils.get_object(node._target_)
+        hints = _parameter_hints(target)
     except Exception:  # noqa: BLE001 - unknown or un-introspectable targets are instantiate's job
         return
+    _check_known_arguments(node, path, target)
     for key, value in _items(node):
         if not isinstance(key, str) or key.startswith("_") or key not in hints:
             continue
@@ -230,6 +232,24 @@ def _check_target_node(node: DictConfig, path: str) -> None:
             raise ConfigError(
                 f"{path}.{key}={plain!r} ({type(plain).__name__}) is not a valid value: "
                 f"{node._target_} expects {expected}. Fix it with {fix}."
+            )
+
+
+def _check_known_arguments(node: DictConfig, path: str, target: Any) -> None:
+    """Refuse a key that `target` takes no argument for (`+model.bar=1`), naming the closest."""
+    try:
+        parameters = inspect.signature(target).parameters
+    except (TypeError, ValueError):  # no signature to read: instantiate's job
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    for key in node:
+        if isinstance(key, str) and not key.startswith("_") and key not in parameters:
+            close = difflib.get_close_matches(key, list(parameters), n=1, cutoff=0.6)
+            hint = f"did you mean {path}.{close[0]}?" if close else f"remove it (~{path}.{key})."
+            raise ConfigError(
+                f"{path}.{key} is not an argument of {node._target_}, which takes "
+                f"{', '.join(parameters)}: {hint}"
             )
 
 

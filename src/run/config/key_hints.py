@@ -1,8 +1,9 @@
 """A close key for a mistyped override (`trainer.max_epoch=3` -> `trainer.max_epochs`).
 
 Hydra refuses an override of a key the config lacks with "To append to your config use +...",
-which is rarely what a typo needs. After Hydra has said so, `typo_hint` composes the config
-again without that override and names the closest existing key.
+which is rarely what a typo needs. Once Hydra has refused it, `typo_hint` composes the config
+again without that override and names the closest existing key (for the one line of
+src/run/config/composition_errors.py).
 """
 
 import difflib

@@ -19,6 +19,7 @@ from src.run.lr_scaling import apply_lr_scaling
 from src.run.metric_keys import check_metric_keys
 from src.run.outputs import finish_run, log_summary
 from src.run.resume import checked_ckpt_path
+from src.run.search.objective import optimized_value
 from src.run.trainer import (
     build_trainer,
     check_launch,
@@ -83,10 +84,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
 
 @hydra_app("train")
-def main(cfg: DictConfig) -> float | None:
+def main(cfg: DictConfig) -> float | tuple | None:
     record = train(cfg)
-    # The value a sweeper (e.g. Optuna) optimises.
-    return record.get("metrics", {}).get(cfg.get("optimized_metric"))
+    # The value a sweeper (e.g. Optuna) optimises: a tuple for a list of metrics.
+    return optimized_value(record.get("metrics", {}), cfg.get("optimized_metric"))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,9 @@
-"""The configs Hydra composes for `hydra/sweeper=optuna_ask_tell`, its sampler and pruner
-options, and `hydra/launcher=processes`."""
+"""The configs Hydra composes for `hydra/sweeper=optuna`, its sampler and pruner options, and
+`hydra/launcher=processes`.
+
+The sweeper is registered as `optuna`, the name of Hydra's Optuna sweeper, whose keys it takes
+with their meaning there, and as `optuna_ask_tell`, its earlier name.
+"""
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -7,14 +11,7 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-SAMPLERS = {
-    # Optuna's default: independent TPE after n_startup_trials random trials.
-    "tpe": {"_target_": "optuna.samplers.TPESampler", "seed": None, "n_startup_trials": 10},
-    # Continuous and integer parameters only; choice() ones are sampled at random.
-    "cmaes": {"_target_": "optuna.samplers.CmaEsSampler", "seed": None},
-    "gp": {"_target_": "optuna.samplers.GPSampler", "seed": None, "n_startup_trials": 10},
-    "random": {"_target_": "optuna.samplers.RandomSampler", "seed": None},
-}
+from hydra_plugins.optuna_ask_tell.samplers import SAMPLERS
 
 PRUNERS = {
     "none": {"_target_": "optuna.pruners.NopPruner"},
@@ -39,20 +36,27 @@ class OptunaSweeperConf:
     _target_: str = "hydra_plugins.optuna_ask_tell.sweeper.OptunaSweeper"
     # The sampler and pruner reach the sweeper as configs: it seeds the sampler for the study.
     _recursive_: bool = False
-    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}, {"pruner": "median"}])
+    # No pruner unless chosen: conf/hparams_search/optuna.yaml chooses median.
+    defaults: list[Any] = field(default_factory=lambda: [{"sampler": "tpe"}, {"pruner": "none"}])
     sampler: Any = MISSING
     pruner: Any = MISSING
-    direction: str = "minimize"
+    # minimize or maximize, or a list of them for a search of several objectives.
+    direction: Any = "minimize"
     # An SQLAlchemy URL; the default keeps the study beside the trials it ran.
     storage: str | None = "sqlite:///${hydra.sweep.dir}/optuna.db"
-    study_name: str = "search"
+    study_name: str | None = "search"
     n_trials: int = 20
     # Trials run at once: the size of each batch handed to the launcher.
     n_jobs: int = 1
-    # The share of failed trials above which the search stops.
+    # The share of a batch's trials that may fail; more stops the search with an error.
     max_failure_rate: float = 0.0
     # key: value in Hydra's sweep syntax; command-line overrides are added to (and win over) them.
     params: dict[str, str] | None = None
+    # A function `(cfg, trial) -> None` (its dotted path) that suggests more parameters.
+    custom_search_space: str | None = None
+    # hydra-optuna-sweeper 1.1's search space, {key: {type, low, high, step, log, choices}}:
+    # used only without `params`.
+    search_space: dict[str, Any] | None = None
 
 
 @dataclass
@@ -61,12 +65,13 @@ class ProcessLauncherConf:
 
 
 store = ConfigStore.instance()
-store.store(
-    group="hydra/sweeper",
-    name="optuna_ask_tell",
-    node=OptunaSweeperConf,
-    provider="optuna_ask_tell",
-)
+for sweeper_name in ("optuna", "optuna_ask_tell"):
+    store.store(
+        group="hydra/sweeper",
+        name=sweeper_name,
+        node=OptunaSweeperConf,
+        provider="optuna_ask_tell",
+    )
 store.store(
     group="hydra/launcher", name="processes", node=ProcessLauncherConf, provider="optuna_ask_tell"
 )

@@ -1,11 +1,12 @@
 """A Hydra sweeper that runs an Optuna study through Optuna's ask/tell API.
 
-A plugin of the project's own, rather than Hydra's Optuna sweeper: the one for Hydra 1.3
-(hydra-optuna-sweeper 1.3) pins optuna<3 and with it SQLAlchemy<2, and the one for Optuna 4-5
-comes with Hydra 1.4, a pre-release that Hydra's own guide keeps out of production and that
-rejects `hydra.mode: MULTIRUN` in a group config such as conf/hparams_search/optuna.yaml.
-Ask/tell keeps it a short loop: ask for a batch of `n_jobs` trials, launch them as one batch
-of jobs numbered after their trials, tell the study how each ended.
+It takes the configs of Hydra's Optuna sweeper (hydra-optuna-sweeper), with their meaning, on the
+stable Hydra 1.3 and Optuna 5: the release for Hydra 1.3 pins optuna<3 and with it
+SQLAlchemy<2, and the one for Optuna 4-5 comes with Hydra 1.4, a pre-release that Hydra's own
+guide keeps out of production and that rejects `hydra.mode: MULTIRUN` in a group config such as
+conf/hparams_search/optuna.yaml. Ask/tell keeps it a short loop: ask for a batch of `n_jobs`
+trials, launch them as one batch of jobs numbered after their trials, tell the study how each
+ended.
 
 Only the glue to Hydra is here; the search space (src/run/search/space.py) and the study
 (src/run/search/study.py) are the project's, imported when a search starts, not each time
@@ -19,6 +20,7 @@ from typing import Any
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
+from hydra.utils import get_method
 from omegaconf import DictConfig
 
 log = logging.getLogger(__name__)
@@ -29,13 +31,15 @@ class OptunaSweeper(Sweeper):
         self,
         sampler: DictConfig,
         pruner: DictConfig,
-        direction: str,
+        direction: Any,
         storage: str | None,
-        study_name: str,
+        study_name: str | None,
         n_trials: int,
         n_jobs: int,
         max_failure_rate: float,
         params: DictConfig | None,
+        custom_search_space: str | None = None,
+        search_space: DictConfig | None = None,
     ):
         self.sampler = sampler
         self.pruner = pruner
@@ -46,6 +50,8 @@ class OptunaSweeper(Sweeper):
         self.n_jobs = n_jobs
         self.max_failure_rate = max_failure_rate
         self.params = params
+        self.custom_search_space = custom_search_space
+        self.search_space = search_space
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -61,37 +67,145 @@ class OptunaSweeper(Sweeper):
         exit_in_one_line(self.search)(arguments)  # a bad search space: one line, no traceback
 
     def search(self, arguments: list[str]) -> None:
-        """Ask, launch and tell batch after batch, until n_trials or too many failures."""
-        from optuna.trial import TrialState
+        """Ask, launch and tell batch after batch, until n_trials or a batch fails too often."""
+        from src.run.search.results import write_results
+        from src.run.search.space import grid_space, param_lines, search_space
+        from src.run.search.study import open_study, study_directions
 
-        from src.run.search.space import search_space, trial_overrides
-        from src.run.search.study import ask, open_study, tell, write_results
-
-        distributions, fixed = search_space(self.params, arguments)
-        study = open_study(self.storage, self.study_name, self.direction, self.sampler, self.pruner)
+        check_failure_rate(self.max_failure_rate)
+        directions = study_directions(self.direction)
+        check_pruning(directions, self.pruner)
+        distributions, fixed, deletions = search_space(self.params, arguments, self.search_space)
+        n_trials, grid = self.n_trials, None
+        if self.sampler.get("_partial_"):  # the grid sampler, which takes the grid to run
+            grid = grid_space(distributions, [*param_lines(self.params), *arguments])
+            n_trials = min(n_trials, grid_size(grid))
+            log.info("The grid holds %d points: %d trials.", grid_size(grid), n_trials)
+        study = open_study(
+            self.storage, self.study_name, directions, self.sampler, self.pruner, grid
+        )
         log.info(
             "Study %r in %s: %d trials so far, %d to run, %d at a time.",
-            self.study_name, self.storage, len(study.trials), self.n_trials, self.n_jobs,
+            study.study_name, self.storage, len(study.trials), n_trials, self.n_jobs,
         )  # fmt: skip
-        failed = launched = 0
-        for size in batch_sizes(self.n_trials, self.n_jobs):
-            trials = [ask(study, distributions) for _ in range(size)]
-            for run in consecutive_runs(trials):
-                overrides = [[*fixed, *trial_overrides(trial.params)] for trial in run]
-                jobs = self.launcher.launch(overrides, initial_job_idx=run[0].number)
-                for trial, job in zip(run, jobs, strict=True):
-                    state = tell(study, trial, job).state
-                    log.info("Trial %d: %s, %s", trial.number, state.name, trial.params)
-                    failed += state == TrialState.FAIL
-                launched += len(run)
-            if failed / launched > self.max_failure_rate:
-                log.error(
-                    "Search stopped: %d of %d trials failed, more than "
-                    "hydra.sweeper.max_failure_rate=%s (their errors are above).",
-                    failed, launched, self.max_failure_rate,
-                )  # fmt: skip
-                break
-        write_results(study, Path(self.config.hydra.sweep.dir) / "optimization_results.yaml")
+        trials = TrialMaker(study, distributions, fixed, deletions, self.custom_search_space)
+        try:
+            for size in batch_sizes(n_trials, self.n_jobs):
+                self.run_batch(trials, size)
+        finally:
+            write_results(study, Path(self.config.hydra.sweep.dir) / "optimization_results.yaml")
+
+    def run_batch(self, trials: "TrialMaker", size: int) -> None:
+        """Ask for `size` trials, run them, tell the study; stop when too many of them failed."""
+        from optuna.trial import TrialState
+
+        from src.run.search.study import FAIL_REASON, tell
+        from src.utils.errors import UserFacingError
+
+        asked = [trials.ask(self.config) for _ in range(size)]
+        failed = []
+        for run in consecutive_runs(asked):
+            overrides = [trials.overrides(trial) for trial in run]
+            jobs = self.launcher.launch(overrides, initial_job_idx=run[0].number)
+            for trial, job in zip(run, jobs, strict=True):
+                told = tell(trials.study, trial, job)
+                log.info("Trial %d: %s, %s", trial.number, told.state.name, told.params)
+                if told.state == TrialState.FAIL:
+                    failed.append(told)
+        if len(failed) / size > self.max_failure_rate:
+            raise UserFacingError(
+                f"{len(failed)} of the {size} trials of the last batch failed, more than "
+                f"hydra.sweeper.max_failure_rate={self.max_failure_rate}, so the search stopped "
+                f"(trial {failed[0].number}: {failed[0].user_attrs.get(FAIL_REASON)}); raise "
+                f"max_failure_rate (up to 1.0) to go on past failures."
+            )
+
+
+class TrialMaker:
+    """Asks the study for trials of the search space, each with its overrides for the launcher.
+
+    A trial samples the distributions, records the fixed values as user attributes (as Hydra's
+    Optuna sweeper does), then the `custom_search_space` function, if any, suggests more.
+    """
+
+    def __init__(
+        self,
+        study: Any,
+        distributions: dict[str, Any],
+        fixed: dict[str, str],
+        deletions: list[str],
+        custom_search_space: str | None,
+    ):
+        self.study = study
+        self.distributions = distributions
+        self.fixed = fixed
+        self.deletions = deletions
+        self.extend = custom_function(custom_search_space) if custom_search_space else None
+
+    def ask(self, config: DictConfig) -> Any:
+        from src.run.search.study import ask
+        from src.utils.errors import ConfigError
+
+        trial = ask(self.study, self.distributions)
+        for key, value in self.fixed.items():
+            trial.set_user_attr(key, value)
+        if self.extend is not None:
+            self.extend(config, trial)
+            overlap = sorted(trial.params.keys() & self.fixed.keys())
+            if overlap:
+                raise ConfigError(
+                    f"hydra.sweeper.custom_search_space suggests {overlap}, which the command "
+                    f"line or hydra.sweeper.params fixes: drop one of the two."
+                )
+        return trial
+
+    def overrides(self, trial: Any) -> list[str]:
+        from src.run.search.space import trial_overrides
+
+        return trial_overrides(trial.params, self.fixed, self.deletions)
+
+
+def custom_function(path: str) -> Any:
+    """The function `hydra.sweeper.custom_search_space` names by its dotted path."""
+    from src.utils.errors import ConfigError
+
+    try:
+        # Hydra's Optuna sweeper documents the path with a leading dot, which Hydra refuses.
+        return get_method(path.lstrip("."))
+    except (ImportError, ValueError) as error:
+        raise ConfigError(
+            f"hydra.sweeper.custom_search_space={path!r} names no function (module.function, "
+            f"importable from the app's folder): {error}"
+        ) from error
+
+
+def check_pruning(directions: list[str], pruner: DictConfig) -> None:
+    """Refuse a pruner for several objectives: Optuna prunes single-objective studies only."""
+    from src.utils.errors import ConfigError
+
+    if len(directions) > 1 and pruner.get("_target_") != "optuna.pruners.NopPruner":
+        raise ConfigError(
+            f"hydra.sweeper.direction={directions} with a pruner: Optuna prunes single-objective "
+            f"searches only. Use hparams_search=optuna_multi_objective, or set "
+            f"hydra/sweeper/pruner=none and callbacks.optuna_pruning=null."
+        )
+
+
+def check_failure_rate(rate: float) -> None:
+    from src.utils.errors import ConfigError
+
+    if not 0.0 <= rate <= 1.0:
+        raise ConfigError(
+            f"hydra.sweeper.max_failure_rate={rate}: it is the share of a batch's trials that "
+            f"may fail, from 0.0 (none) to 1.0 (all)."
+        )
+
+
+def grid_size(grid: dict[str, list[Any]]) -> int:
+    size = 1
+    for values in grid.values():
+        size *= len(values)
+    return size
 
 
 def batch_sizes(n_trials: int, n_jobs: int) -> list[int]:

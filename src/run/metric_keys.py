@@ -55,8 +55,9 @@ def declared_metric_keys(model: Any, datamodule: Any, callbacks: Iterable) -> se
 
 def monitored_metrics(cfg: DictConfig) -> Iterator[tuple[str, str]]:
     """(config key, metric) for `optimized_metric` and each callback's `monitor`."""
-    if cfg.get("optimized_metric"):
-        yield "optimized_metric", cfg.optimized_metric
+    optimized = cfg.get("optimized_metric")
+    for metric in [optimized] if isinstance(optimized, str) else optimized or []:
+        yield "optimized_metric", metric
     for name, node in (cfg.get("callbacks") or {}).items():
         if isinstance(node, DictConfig) and node.get("monitor"):
             yield f"callbacks.{name}.monitor", node.monitor

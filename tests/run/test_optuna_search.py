@@ -1,6 +1,9 @@
 """The Optuna search (hparams_search=optuna): Hydra's sweep syntax as Optuna distributions, the
-study that resumes with a sampler that goes on, and whole searches whose trials are pruned,
-fail or run in parallel."""
+study that resumes with a sampler that goes on, several objectives and their Pareto front, and
+whole searches whose trials are pruned, fail or run in parallel.
+
+tests/run/upstream_optuna/ holds the tests of Hydra's own Optuna sweeper, run against this one.
+"""
 
 import functools
 import json
@@ -8,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+from enum import Enum
 from types import SimpleNamespace
 
 import optuna
@@ -15,17 +19,34 @@ import pytest
 import torch
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import JobReturn, JobStatus
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
 from hydra_plugins.optuna_ask_tell.config import PRUNERS, SAMPLERS
-from hydra_plugins.optuna_ask_tell.sweeper import batch_sizes, consecutive_runs
+from hydra_plugins.optuna_ask_tell.sweeper import (
+    TrialMaker,
+    batch_sizes,
+    check_failure_rate,
+    check_pruning,
+    consecutive_runs,
+    custom_function,
+)
 from src.callbacks.training.optuna_pruning import PRUNED_AT_STEP
+from src.run.search.objective import optimized_value
 from src.run.search.processes import gpu_slots, run_in_processes
-from src.run.search.space import search_space, trial_overrides
-from src.run.search.study import ASKED_BY, ask, open_study, tell
+from src.run.search.results import write_results
+from src.run.search.space import grid_space, search_space, trial_overrides
+from src.run.search.study import (
+    ASKED_BY,
+    FAIL_REASON,
+    ask,
+    open_study,
+    study_directions,
+    tell,
+)
 from src.utils.errors import ConfigError
 from tests.helpers import FAST, run_train
 
@@ -52,39 +73,87 @@ def grid(distribution) -> list:
     [
         ("tag(log, interval(1e-4, 1e-2))", FloatDistribution(1e-4, 1e-2, log=True)),
         ("interval(0, 0.5)", FloatDistribution(0.0, 0.5)),
+        ("int(interval(8, 64))", IntDistribution(8, 64)),
         ("tag(int, interval(8, 64))", IntDistribution(8, 64)),
+        ("tag(log, int(interval(1, 1024)))", IntDistribution(1, 1024, log=True)),
         ("tag(log, int, interval(1, 1024))", IntDistribution(1, 1024, log=True)),
         ("choice(32, 64, 128)", CategoricalDistribution([32, 64, 128])),
         ("choice(adam, sgd)", CategoricalDistribution(["adam", "sgd"])),
-        ("range(1, 10, 3)", IntDistribution(1, 7, step=3)),
-        ("tag(log, range(1, 100))", IntDistribution(1, 99, log=True)),
+        ("range(1, 10, 3)", IntDistribution(1, 10, step=3)),
+        ("range(0, 11, 4)", IntDistribution(0, 8, step=4)),  # the last value at or below stop
+        ("range(0.5, 2.5, 0.5)", FloatDistribution(0.5, 2.5, step=0.5)),
+        ("tag(log, range(1, 100))", IntDistribution(1, 100, log=True)),
+        ("shuffle(range(1, 4))", CategoricalDistribution([1, 2, 3])),
     ],
 )
 def test_each_sweep_becomes_the_optuna_distribution_of_the_same_values(sweep, expected):
-    distributions, fixed = search_space({"key": sweep}, [])
+    distributions, fixed, deletions = search_space({"key": sweep}, [])
     assert distributions == {"key": expected}, f"{sweep} became {distributions['key']}"
-    assert fixed == []
+    assert (fixed, deletions) == ({}, [])
 
 
 @pytest.mark.parametrize("sweep", ["range(1, 10, 3)", "range(0, 12, 4)", "range(0.1, 0.5, 0.1)"])
-def test_a_range_covers_exactly_the_values_hydras_basic_sweeper_runs(sweep):
-    (distribution,) = search_space({"key": sweep}, [])[0].values()
-    assert grid(distribution) == pytest.approx(hydra_values(sweep)), f"{sweep}: {distribution}"
+def test_a_range_samples_up_to_its_stop_and_its_grid_is_what_hydras_basic_sweeper_runs(sweep):
+    # As Hydra's Optuna sweeper: range() is Optuna's stepped distribution from start to stop,
+    # and the grid sampler runs the values of Hydra's range, which stop is not one of.
+    distributions = search_space({"key": sweep}, [])[0]
+    stop = OverridesParser.create().parse_overrides([f"key={sweep}"])[0].value().stop
+
+    assert grid(distributions["key"]) == pytest.approx([*hydra_values(sweep), stop])
+    assert grid_space(distributions, [f"key={sweep}"])["key"] == hydra_values(sweep)
 
 
-def test_fixed_values_go_to_every_trial_and_the_command_line_wins_over_params():
+def test_a_grid_runs_every_integer_of_an_interval_and_refuses_a_float_one():
+    arguments = ["a=int(interval(1, 3))", "b=choice(x, y)"]
+    distributions = search_space({}, arguments)[0]
+    assert grid_space(distributions, arguments) == {"a": [1, 2, 3], "b": ["x", "y"]}
+    with pytest.raises(ConfigError, match="not a float interval"):
+        grid_space(search_space({}, ["c=interval(0, 1)"])[0], ["c=interval(0, 1)"])
+
+
+def test_fixed_values_and_deletions_go_to_every_trial_and_the_command_line_wins_over_params():
     params = {"optimizer.lr": "tag(log, interval(1e-4, 1e-2))", "data.batch_size": "choice(32, 64)"}
-    arguments = ["data.batch_size=64", "model=cnn", "optimizer.weight_decay=interval(0, 0.1)"]
+    arguments = [
+        "data.batch_size=64",
+        "model=cnn",
+        "optimizer.weight_decay=interval(0, 0.1)",
+        "~callbacks.plots",
+    ]
 
-    distributions, fixed = search_space(params, arguments)
+    distributions, fixed, deletions = search_space(params, arguments)
 
     assert set(distributions) == {"optimizer.lr", "optimizer.weight_decay"}
-    assert fixed == ["data.batch_size=64", "model=cnn"]
+    assert fixed == {"data.batch_size": "64", "model": "cnn"}
+    assert deletions == ["~callbacks.plots"]
+    assert trial_overrides({"optimizer.lr": 0.01}, fixed, deletions) == [
+        "optimizer.lr=0.01",
+        "data.batch_size=64",
+        "model=cnn",
+        "~callbacks.plots",
+    ]
+
+
+def test_the_old_search_space_counts_only_without_params_and_warns_either_way():
+    legacy = {
+        "x": {"type": "float", "low": -5.5, "high": 5.5, "step": 0.5},
+        "n": {"type": "int", "low": 1, "high": 100, "log": True},
+        "c": {"type": "categorical", "choices": [1, 2]},
+    }
+    with pytest.warns(UserWarning, match="search_space is deprecated"):
+        distributions = search_space(None, ["c=3"], legacy)[0]
+    assert distributions == {
+        "x": FloatDistribution(-5.5, 5.5, step=0.5),
+        "n": IntDistribution(1, 100, log=True),
+    }, "a fixed value on the command line wins over the old search space"
+
+    with pytest.warns(UserWarning, match="uses params and ignores search_space"):
+        distributions = search_space({"y": "choice(1, 2)"}, [], legacy)[0]
+    assert list(distributions) == ["y"]
 
 
 @pytest.mark.parametrize(
     "sweep",
-    ["shuffle(range(1, 4))", "tag(grid, choice(1, 2))", "choice([1, 2], [3])", "range(5, 1)"],
+    ["tag(grid, choice(1, 2))", "choice([1, 2], [3])", "range(5, 1)", "range(1, 5, -1)", "glob(*)"],
 )
 def test_a_sweep_optuna_cannot_sample_is_refused_with_the_override_named(sweep):
     with pytest.raises(ConfigError, match="key="):
@@ -109,7 +178,7 @@ def test_bounds_optuna_cannot_sample_are_refused_before_optuna_sees_them(sweep, 
 
 def test_sampled_values_come_back_from_their_overrides_unchanged():
     params = {"model": "cnn", "trainer.precision": "16-mixed", "tags": "a, b (c)", "lr": 3e-4}
-    overrides = OverridesParser.create().parse_overrides(trial_overrides(params))
+    overrides = OverridesParser.create().parse_overrides(trial_overrides(params, {}, []))
     assert {o.key_or_group: o.value() for o in overrides} == params
 
 
@@ -125,7 +194,7 @@ SPACE = {"x": FloatDistribution(0, 1)}
 
 
 def first_values(storage, count, seed=0):
-    study = open_study(storage, "search", "minimize", random_sampler(seed), NO_PRUNER)
+    study = open_study(storage, "search", ["minimize"], random_sampler(seed), NO_PRUNER)
     values = []
     for _ in range(count):
         trial = study.ask(SPACE)
@@ -147,9 +216,34 @@ def test_a_resumed_study_draws_new_values_and_the_same_ones_for_the_same_history
 
 def test_a_study_resumed_in_the_other_direction_is_refused(tmp_path):
     storage = f"sqlite:///{tmp_path}/nested/study.db"  # the folder is created
-    open_study(storage, "search", "minimize", random_sampler(0), NO_PRUNER)
-    with pytest.raises(ConfigError, match="direction=maximize"):
-        open_study(storage, "search", "maximize", random_sampler(0), NO_PRUNER)
+    open_study(storage, "search", ["minimize"], random_sampler(0), NO_PRUNER)
+    with pytest.raises(ConfigError, match=r"direction=\['maximize'\], but .* \['minimize'\]"):
+        open_study(storage, "search", ["maximize"], random_sampler(0), NO_PRUNER)
+
+
+class Direction(Enum):  # as Hydra's Optuna sweeper's config names them
+    minimize = 1
+    maximize = 2
+
+
+@pytest.mark.parametrize(
+    ("direction", "expected"),
+    [
+        ("maximize", ["maximize"]),
+        (["minimize", "maximize"], ["minimize", "maximize"]),
+        (OmegaConf.create({"d": ["maximize"]}).d, ["maximize"]),
+        (Direction.minimize, ["minimize"]),
+        ([Direction.maximize, "minimize"], ["maximize", "minimize"]),
+    ],
+)
+def test_the_direction_is_one_objectives_or_a_list_of_several(direction, expected):
+    assert study_directions(direction) == expected
+
+
+@pytest.mark.parametrize("direction", ["max", ["minimize", "up"], []])
+def test_a_direction_optuna_does_not_know_is_refused(direction):
+    with pytest.raises(ConfigError, match="each objective is minimize or maximize"):
+        study_directions(direction)
 
 
 def job_return(value=None, error=None) -> JobReturn:
@@ -159,10 +253,9 @@ def job_return(value=None, error=None) -> JobReturn:
     return job
 
 
-@pytest.mark.filterwarnings("ignore:The value nan is not acceptable")
 def test_each_trial_is_told_how_its_job_ended(tmp_path):
     study = open_study(
-        f"sqlite:///{tmp_path}/s.db", "search", "minimize", random_sampler(0), NO_PRUNER
+        f"sqlite:///{tmp_path}/s.db", "search", ["minimize"], random_sampler(0), NO_PRUNER
     )
     trials = [study.ask(SPACE) for _ in range(5)]
     trials[1].set_user_attr(PRUNED_AT_STEP, 2)  # as its pruning callback marks it
@@ -177,11 +270,66 @@ def test_each_trial_is_told_how_its_job_ended(tmp_path):
 
     assert states == [TrialState.COMPLETE, TrialState.PRUNED] + [TrialState.FAIL] * 3
     assert study.trials[0].value == 0.5
+    reasons = [trial.user_attrs.get(FAIL_REASON) for trial in study.trials[2:]]
+    assert "ValueError: bad input" in reasons[0], reasons
+    assert "no metric named by `optimized_metric`" in reasons[1], reasons
+    assert reasons[2] == "its run returned nan, not a number"
+
+
+def test_a_trial_of_several_objectives_is_told_one_number_per_objective():
+    study = open_study(None, None, ["minimize", "maximize"], random_sampler(0), NO_PRUNER)
+    jobs = [job_return((0.5, 0.9)), job_return(0.5), job_return((0.5, None)), job_return([1, 2, 3])]
+    told = [tell(study, study.ask(SPACE), job) for job in jobs]
+
+    assert [trial.state for trial in told] == [TrialState.COMPLETE] + [TrialState.FAIL] * 3
+    assert told[0].values == [0.5, 0.9]
+    assert told[1].user_attrs[FAIL_REASON] == (
+        "its run returned 0.5, not 2 numbers, one per objective"
+    )
+
+
+def test_the_grid_sampler_runs_each_point_once_and_its_end_stops_nothing():
+    arguments = ["x=choice(1, 2)", "y=range(0, 3)"]
+    distributions = search_space({}, arguments)[0]
+    grid_sampler = OmegaConf.structured(SAMPLERS["grid"])
+    grid = grid_space(distributions, arguments)
+    study = open_study(None, "grid", ["minimize"], grid_sampler, NO_PRUNER, grid)
+    for _ in range(6):
+        trial = ask(study, distributions)
+        tell(study, trial, job_return(trial.params["x"] + trial.params["y"]))
+
+    points = sorted((trial.params["x"], trial.params["y"]) for trial in study.trials)
+    assert points == [(x, y) for x in (1, 2) for y in (0, 1, 2)]
+    assert [trial.state for trial in study.trials] == [TrialState.COMPLETE] * 6
+
+
+def test_the_results_file_holds_the_best_trial_or_the_pareto_front_as_hydras_sweeper_writes(
+    tmp_path,
+):
+    single = open_study(None, "one", ["maximize"], random_sampler(0), NO_PRUNER)
+    for value in (0.2, 0.7, 0.5):
+        tell(single, single.ask(SPACE), job_return(value))
+    write_results(single, tmp_path / "single.yaml")
+    best = OmegaConf.load(tmp_path / "single.yaml")
+    assert (best.name, best.best_trial, best.best_value) == ("optuna", 1, 0.7)
+    assert best.best_params == single.trials[1].params
+
+    pareto = open_study(None, "two", ["minimize", "maximize"], random_sampler(0), NO_PRUNER)
+    for values in ((1.0, 1.0), (2.0, 3.0), (3.0, 2.0), (0.5, 0.5)):
+        tell(pareto, pareto.ask(SPACE), job_return(values))
+    write_results(pareto, tmp_path / "pareto.yaml")
+    front = OmegaConf.to_container(OmegaConf.load(tmp_path / "pareto.yaml"))
+    assert front["name"] == "optuna"
+    assert "best_value" not in front
+    assert front["solutions"] == [
+        {"trial": trial.number, "params": trial.params, "values": trial.values}
+        for trial in (pareto.trials[0], pareto.trials[1], pareto.trials[3])
+    ], "trial 2 is dominated by trial 1, and only it"
 
 
 def test_a_resumed_study_fails_the_trials_a_killed_sweep_left_running_and_no_others(tmp_path):
     storage = f"sqlite:///{tmp_path}/s.db"
-    study = open_study(storage, "search", "minimize", random_sampler(0), NO_PRUNER)
+    study = open_study(storage, "search", ["minimize"], random_sampler(0), NO_PRUNER)
     killed = subprocess.Popen([sys.executable, "-c", "pass"])
     killed.wait()  # a sweep process that is gone
     owners = {
@@ -194,15 +342,82 @@ def test_a_resumed_study_fails_the_trials_a_killed_sweep_left_running_and_no_oth
     asked = ask(study, SPACE)
     assert asked.user_attrs[ASKED_BY] == owners["alive here"]
 
-    resumed = open_study(storage, "search", "minimize", random_sampler(0), NO_PRUNER)
+    resumed = open_study(storage, "search", ["minimize"], random_sampler(0), NO_PRUNER)
     states = [trial.state for trial in resumed.trials]
     assert states == [TrialState.FAIL, *[TrialState.RUNNING] * 3]
 
 
-@pytest.mark.parametrize(("name", "node"), [*SAMPLERS.items(), *PRUNERS.items()])
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # QMCSampler
+@pytest.mark.parametrize(
+    ("name", "node"),
+    [*((name, OmegaConf.structured(node)) for name, node in SAMPLERS.items()), *PRUNERS.items()],
+)
 def test_every_sampler_and_pruner_option_builds(name, node):
+    if name == "motpe":
+        with pytest.raises(InstantiationException, match="'motpe' sampler was removed"):
+            instantiate(node)
+        return
     built = instantiate(node)
+    if name == "grid":  # partial: the sweeper gives it the grid
+        built = built({"x": [1, 2]})
     assert isinstance(built, optuna.samplers.BaseSampler | optuna.pruners.BasePruner), name
+
+
+def test_the_sweeper_is_registered_as_optuna_and_as_optuna_ask_tell():
+    from hydra.core.config_store import ConfigStore
+
+    groups = ConfigStore.instance().repo["hydra"]["sweeper"]
+    assert groups["optuna.yaml"].node == groups["optuna_ask_tell.yaml"].node
+    assert groups["optuna.yaml"].node._target_.endswith("optuna_ask_tell.sweeper.OptunaSweeper")
+
+
+# -- the sweeper's trials and failures -----------------------------------------------------------
+
+
+def suggest_z_near_x(cfg, trial):
+    """A custom search space as Hydra's Optuna sweeper documents it."""
+    trial.suggest_float("z", trial.params["x"] - cfg.spread, trial.params["x"] + cfg.spread)
+
+
+def test_a_custom_search_space_suggests_more_parameters_after_the_sampled_and_fixed_ones():
+    study = open_study(None, None, ["minimize"], random_sampler(0), NO_PRUNER)
+    maker = TrialMaker(study, SPACE, {"y": "3"}, ["~w"], f"{__name__}.suggest_z_near_x")
+    trial = maker.ask(OmegaConf.create({"spread": 0.1}))
+
+    assert abs(trial.params["z"] - trial.params["x"]) <= 0.1
+    assert trial.user_attrs["y"] == "3", "a fixed value is recorded on the trial"
+    assert maker.overrides(trial) == [
+        f"x={trial.params['x']}",
+        f"z={trial.params['z']}",
+        "y=3",
+        "~w",
+    ]
+
+
+def test_a_custom_search_space_that_suggests_a_fixed_parameter_is_refused():
+    study = open_study(None, None, ["minimize"], random_sampler(0), NO_PRUNER)
+    maker = TrialMaker(study, SPACE, {"z": "0.5"}, [], f"{__name__}.suggest_z_near_x")
+    with pytest.raises(ConfigError, match=r"suggests \['z'\], which the command line"):
+        maker.ask(OmegaConf.create({"spread": 0.1}))
+
+
+def test_a_custom_search_space_that_names_no_function_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"custom_search_space='nowhere\.configure' names no"):
+        custom_function("nowhere.configure")
+
+
+def test_a_search_of_several_objectives_with_a_pruner_is_refused_before_any_trial():
+    median = OmegaConf.create({"_target_": "optuna.pruners.MedianPruner"})
+    with pytest.raises(ConfigError, match="Optuna prunes single-objective searches only"):
+        check_pruning(["minimize", "maximize"], median)
+    check_pruning(["minimize"], median)
+    check_pruning(["minimize", "maximize"], NO_PRUNER)
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5])
+def test_a_failure_rate_outside_0_to_1_is_refused(rate):
+    with pytest.raises(ConfigError, match=rf"max_failure_rate={rate}: it is the share"):
+        check_failure_rate(rate)
 
 
 # -- the sweeper's batches and the launcher's GPUs ----------------------------------------------
@@ -240,6 +455,17 @@ def test_each_parallel_job_sees_one_gpu_of_this_process_round_robin(monkeypatch)
 
 def test_without_gpus_parallel_jobs_leave_cuda_visible_devices_alone():
     assert gpu_slots(2, []) == [None, None]
+
+
+# -- what a run returns to the sweeper -----------------------------------------------------------
+
+
+def test_a_run_returns_its_optimized_metric_or_a_tuple_for_several():
+    metrics = {"val/acc_best": 0.9, "val/loss": 0.3}
+    assert optimized_value(metrics, "val/loss") == 0.3
+    assert optimized_value(metrics, ["val/acc_best", "val/loss"]) == (0.9, 0.3)
+    assert optimized_value(metrics, OmegaConf.create(["val/loss", "test/acc"])) == (0.3, None)
+    assert optimized_value(metrics, None) is None
 
 
 # -- whole searches -----------------------------------------------------------------------------

@@ -1,16 +1,22 @@
 """Sweeps: an Optuna search end to end, the SLURM launcher's job parameters and its jobs run by
-submitit locally, the summary plot."""
+submitit locally, the summary, its plot and, for several metrics, its Pareto front."""
 
 import csv
+import json
 
+import optuna
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from optuna.trial import TrialState
 
 from src.run.config.compose import CONF_DIR
 from src.run.launch import register_launch_resolvers
-from src.run.search.sweep_summary import SweepSummary, plot_metric
+from src.run.outputs import METRICS_FILE
+from src.run.search.pareto import pareto_front, plot_pareto_front
+from src.run.search.sweep_summary import SweepSummary, importance_table, plot_metric
+from src.utils.errors import ConfigError
 from tests.helpers import FAST, run_train
 
 
@@ -103,3 +109,88 @@ def test_a_pruned_trial_is_never_the_best_job():
         {"job": "1", "val/acc_best": 0.5, "state": "COMPLETE"},
     ]
     assert SweepSummary(metric="val/acc_best").best_job(rows) == "1"
+
+
+def write_sweep(sweep_dir, jobs: dict[str, tuple[list[str], dict]]) -> None:
+    """A finished sweep: each job's overrides and metrics.json, as a multirun leaves them."""
+    for job, (overrides, metrics) in jobs.items():
+        (sweep_dir / job / ".hydra").mkdir(parents=True)
+        OmegaConf.save(OmegaConf.create(overrides), sweep_dir / job / ".hydra" / "overrides.yaml")
+        record = {"metrics": metrics, "wall_time_s": 1.0}
+        (sweep_dir / job / METRICS_FILE).write_text(json.dumps(record))
+
+
+def test_a_sweep_of_two_metrics_marks_and_plots_its_pareto_front(tmp_path):
+    write_sweep(
+        tmp_path,
+        {
+            "0": (["lr=0.1"], {"val/acc": 0.9, "val/loss": 0.5}),
+            "1": (["lr=0.2"], {"val/acc": 0.8, "val/loss": 0.2}),
+            "2": (["lr=0.3"], {"val/acc": 0.7, "val/loss": 0.6}),  # worse than 0 on both
+            "3": (["lr=0.4"], {"val/acc": 0.95, "val/loss": 0.9}),
+        },
+    )
+    summary = SweepSummary(metric=["val/acc", "val/loss"], mode=["maximize", "minimize"])
+    summary.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+
+    text = (tmp_path / "summary.md").read_text()
+    assert "Pareto front of `val/acc` (max), `val/loss` (min): jobs 0, 1, 3" in text, text
+    marked = [line.split(" |")[0] for line in text.splitlines() if "(Pareto)" in line]
+    assert marked == ["| 0 (Pareto)", "| 1 (Pareto)", "| 3 (Pareto)"]
+    assert "(best)" not in text
+    assert (tmp_path / "summary.png").is_file(), "the Pareto front was not plotted"
+
+
+def test_the_pareto_front_keeps_every_point_no_other_beats_everywhere():
+    points = {"a": [1.0, 5.0], "b": [2.0, 2.0], "c": [2.0, 2.0], "d": [3.0, 3.0], "e": [5.0, 1.0]}
+    # Minimise both: d is beaten by b; b and c tie, so neither dominates the other.
+    assert pareto_front(points, [False, False]) == ["a", "b", "c", "e"]
+    # Maximise the second: a alone has the highest, e the lowest first.
+    assert pareto_front(points, [False, True]) == ["a"]
+
+
+def test_the_pareto_plot_draws_each_pair_of_objectives_and_names_the_fronts_jobs():
+    points = {"0": [1.0, 3.0, 0.5], "1": [2.0, 1.0, 0.4], "2": [3.0, 3.0, 0.9]}
+    figure = plot_pareto_front(points, ["0", "1"], ["a", "b", "c"])
+
+    labels = [(axis.get_xlabel(), axis.get_ylabel()) for axis in figure.axes]
+    assert labels == [("a", "b"), ("a", "c"), ("b", "c")]
+    assert sorted(text.get_text() for text in figure.axes[0].texts) == ["0", "1"]
+
+
+def test_a_mode_per_metric_must_pair_with_the_metrics():
+    with pytest.raises(ConfigError, match="give one mode, or one per metric"):
+        SweepSummary(metric=["a", "b", "c"], mode=["max", "min"])
+
+
+def test_importance_has_one_column_per_objective():
+    table = importance_table({"val/acc": {"lr": 0.75, "batch": 0.25}, "val/loss": {"lr": 0.5}})
+    assert "| parameter | val/acc | val/loss |" in table
+    assert "| lr | 0.7500 | 0.5000 |" in table
+    assert "| batch | 0.2500 |  |" in table
+
+
+@pytest.mark.slow
+def test_a_search_of_two_objectives_through_train_writes_its_pareto_front(tmp_path):
+    run_train(
+        [
+            "hparams_search=optuna_multi_objective",
+            "hydra.sweeper.n_trials=3",
+            f"hydra.sweep.dir={tmp_path}",
+            *FAST,
+        ]
+    )
+
+    study = optuna.load_study(study_name="search", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert [d.name for d in study.directions] == ["MAXIMIZE", "MINIMIZE"]
+    assert [trial.state for trial in study.trials] == [TrialState.COMPLETE] * 3
+    results = OmegaConf.load(tmp_path / "optimization_results.yaml")
+    front = sorted(study.best_trials, key=lambda trial: trial.number)
+    assert [s.trial for s in results.solutions] == [trial.number for trial in front]
+    for solution, trial in zip(results.solutions, front, strict=True):
+        metrics = json.loads((tmp_path / str(trial.number) / METRICS_FILE).read_text())["metrics"]
+        assert list(solution["values"]) == [metrics["val/acc_best"], metrics["val/loss"]]
+    text = (tmp_path / "summary.md").read_text()
+    jobs = ", ".join(str(trial.number) for trial in front)
+    assert f"`val/acc_best` (max), `val/loss` (min): jobs {jobs}" in text, text
+    assert (tmp_path / "summary.png").is_file()

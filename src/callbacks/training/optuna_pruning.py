@@ -9,13 +9,10 @@ import logging
 import optuna
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from src.callbacks.training.optuna_marks import PRUNED_AT_STEP
 from src.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-# The user attribute that marks a trial stopped by its pruner: the sweeper, which alone tells
-# the study how a trial ended, records such a trial as pruned.
-PRUNED_AT_STEP = "pruned_at_step"
 
 
 class OptunaPruning(Callback):

@@ -1,65 +1,85 @@
 """Keep the Optuna study of a hyperparameter search.
 
-It is opened or resumed with a seeded sampler, told how each trial's job ended, and read back
-for the results file and the sweep summary.
+It is opened or resumed with a seeded sampler, asked for trials and told how each trial's job
+ended.
 """
 
+import functools
 import logging
+import math
 import os
 import socket
+from enum import Enum
 from pathlib import Path
-from typing import Literal, cast
+from typing import Any, Literal, cast
 
 import optuna
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
-from optuna.study import StudyDirection
+from omegaconf import DictConfig
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy.engine import make_url
 
-from src.callbacks.training.optuna_pruning import PRUNED_AT_STEP
+from src.callbacks.training.optuna_marks import PRUNED_AT_STEP
 from src.utils.error_boundary import one_line, read_job_error
 from src.utils.errors import ConfigError
 from src.utils.files import is_alive
 
 log = logging.getLogger(__name__)
 
-# With fewer complete trials, the importance of each parameter is mostly noise.
-MIN_TRIALS_FOR_IMPORTANCE = 4
 # The user attribute naming the process that asked a trial, {"host": ..., "pid": ...}: a resumed
 # search tells a trial left RUNNING by a killed sweep from one another launch is running now.
 ASKED_BY = "asked_by"
+# The user attribute of a failed trial that says why, in one line.
+FAIL_REASON = "fail_reason"
+DIRECTIONS = ("minimize", "maximize")
+
+
+def study_directions(direction: Any) -> list[str]:
+    """`hydra.sweeper.direction` as a list: one objective's, or each of several objectives'."""
+    items = [direction] if isinstance(direction, str | Enum) else list(direction)
+    names = [item.name if isinstance(item, Enum) else item for item in items]
+    if not names or any(name not in DIRECTIONS for name in names):
+        raise ConfigError(
+            f"hydra.sweeper.direction={names}: each objective is minimize or maximize, e.g. "
+            f"hydra.sweeper.direction=maximize or hydra.sweeper.direction=[minimize,maximize]."
+        )
+    return names
 
 
 def open_study(
-    storage: str | None, study_name: str, direction: str, sampler: DictConfig, pruner: DictConfig
+    storage: str | None,
+    study_name: str | None,
+    directions: list[str],
+    sampler: DictConfig,
+    pruner: DictConfig,
+    grid: dict[str, list[Any]] | None = None,
 ) -> optuna.Study:
     """The study `study_name` in `storage`, created when it does not exist yet.
 
     The sampler's seed is offset by the number of trials the study already holds: a resumed
     search draws new values instead of repeating the first run's, and the same command on the
-    same study still draws the same ones.
+    same study still draws the same ones. `grid` is the search space of a partial sampler (the
+    grid sampler's).
     """
     make_sqlite_folder(storage)
     study = optuna.create_study(
         storage=storage,
         study_name=study_name,
-        # Any other string is refused by create_study itself, with its own message.
-        direction=cast(Literal["minimize", "maximize"], direction),
+        directions=cast(list[Literal["minimize", "maximize"]], directions),
         pruner=instantiate(pruner),
         load_if_exists=True,
     )
-    if study.direction != StudyDirection[direction.upper()]:
+    created = [direction.name.lower() for direction in study.directions]
+    if created != directions:
         raise ConfigError(
-            f"hydra.sweeper.direction={direction}, but the study {study_name!r} in {storage} "
-            f"was created to {study.direction.name.lower()}: keep its direction or choose "
-            f"another hydra.sweeper.study_name."
+            f"hydra.sweeper.direction={directions}, but the study {study_name!r} in {storage} "
+            f"was created to {created}: keep its direction or choose another "
+            f"hydra.sweeper.study_name."
         )
     seed = sampler.get("seed")
-    study.sampler = instantiate(
-        sampler, **({} if seed is None else {"seed": seed + len(study.trials)})
-    )
+    built = instantiate(sampler, **({} if seed is None else {"seed": seed + len(study.trials)}))
+    study.sampler = built(grid) if isinstance(built, functools.partial) else built
     fail_orphaned_trials(study)
     return study
 
@@ -103,61 +123,58 @@ def make_sqlite_folder(storage: str | None) -> None:
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, job: JobReturn) -> FrozenTrial:
-    """Record how the trial's job ended: pruned, failed, or complete with its value.
+    """Record how the trial's job ended: pruned, failed, or complete with its values.
 
     Pruned: its pruning callback stopped it. Failed: it raised (the job recorded its error), its
-    process died, or it returned no number.
+    process died, or it returned no number (or not one per objective). A failed trial keeps why
+    in its `fail_reason` user attribute.
     """
     if job.status == JobStatus.FAILED:  # a process that ended without a return: killed, say
-        log.warning("Trial %d failed: %s", trial.number, one_line(job._return_value))
-        return study.tell(trial, state=TrialState.FAIL)
+        return fail(study, trial, one_line(job._return_value))
     if PRUNED_AT_STEP in stored_trial(study, trial.number).user_attrs:
-        return study.tell(trial, state=TrialState.PRUNED)
-    if job.return_value is None:
+        return record(study, trial, state=TrialState.PRUNED)
+    try:
+        values = objective_values(job.return_value, len(study.directions))
+    except ValueError as problem:
         error = read_job_error(Path(job.working_dir)) if job.working_dir else None
-        log.warning(
-            "Trial %d failed: %s",
-            trial.number,
-            error or "its run returned no value (no metric named by `optimized_metric`)",
-        )
-        return study.tell(trial, state=TrialState.FAIL)
-    return study.tell(trial, float(job.return_value))  # Optuna records NaN as a failure
+        return fail(study, trial, error or str(problem))
+    return record(study, trial, values=values)
+
+
+def objective_values(returned: Any, objectives: int) -> list[float]:
+    """The values a job returned, as numbers: one, or one per objective."""
+    if returned is None:
+        raise ValueError("its run returned no value (no metric named by `optimized_metric`)")
+    wanted = "a number" if objectives == 1 else f"{objectives} numbers, one per objective"
+    try:
+        values = [float(returned)] if objectives == 1 else [float(value) for value in returned]
+    except (TypeError, ValueError):
+        raise ValueError(f"its run returned {returned!r}, not {wanted}") from None
+    if len(values) != objectives or any(math.isnan(value) for value in values):
+        raise ValueError(f"its run returned {returned!r}, not {wanted}")
+    return values
+
+
+def fail(study: optuna.Study, trial: optuna.Trial, reason: str) -> FrozenTrial:
+    log.warning("Trial %d failed: %s", trial.number, reason)
+    trial.set_user_attr(FAIL_REASON, reason)
+    return record(study, trial, state=TrialState.FAIL)
+
+
+def record(study: optuna.Study, trial: optuna.Trial, **outcome: Any) -> FrozenTrial:
+    """`study.tell`, past the grid sampler's `study.stop()` once every point of its grid ran.
+
+    That stop ends `study.optimize`'s loop, which an ask-and-tell search does not run: Optuna
+    refuses it outside that loop, after it has stored the trial.
+    """
+    try:
+        return study.tell(trial, **outcome)
+    except RuntimeError as error:
+        if "Study.stop" not in str(error):
+            raise
+        return stored_trial(study, trial.number)
 
 
 def stored_trial(study: optuna.Study, number: int) -> FrozenTrial:
     """The trial as the storage holds it now, with what its job wrote there."""
     return next(trial for trial in study.get_trials(deepcopy=False) if trial.number == number)
-
-
-def write_results(study: optuna.Study, path: Path) -> None:
-    """The best trial so far as `optimization_results.yaml`, as Hydra's Optuna sweeper wrote it."""
-    try:
-        best = study.best_trial
-    except ValueError:
-        log.warning("No trial of study %r completed: no %s written.", study.study_name, path.name)
-        return
-    results = {
-        "name": "optuna",
-        "study_name": study.study_name,
-        "best_trial": best.number,
-        "best_params": best.params,
-        "best_value": best.value,
-    }
-    OmegaConf.save(results, path)
-    log.info("Best trial %d: %s = %s (%s)", best.number, best.params, best.value, path)
-
-
-def load_study_report(storage: str, study_name: str) -> tuple[dict[int, str], dict[str, float]]:
-    """Read each trial's state by number and each parameter's importance.
-
-    States are "COMPLETE", "PRUNED", "FAIL", ...; importances are empty below
-    MIN_TRIALS_FOR_IMPORTANCE complete trials.
-    """
-    study = optuna.load_study(study_name=study_name, storage=storage)
-    trials = study.get_trials(deepcopy=False)
-    states = {trial.number: trial.state.name for trial in trials}
-    complete = sum(trial.state == TrialState.COMPLETE for trial in trials)
-    importances: dict[str, float] = {}
-    if complete >= MIN_TRIALS_FOR_IMPORTANCE:
-        importances = optuna.importance.get_param_importances(study)
-    return states, importances

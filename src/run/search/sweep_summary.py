@@ -1,13 +1,14 @@
 """Tabulate a multirun when it ends, as a Hydra callback.
 
-Overrides -> metrics and the best job; for an Optuna search, each trial's state and each
-parameter's importance.
+Overrides -> metrics and the best job (the Pareto front's jobs for several metrics); for an
+Optuna search, each trial's state and each parameter's importance.
 """
 
 import csv
 import json
 import logging
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -16,7 +17,9 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from src.run.outputs import METRICS_FILE
+from src.run.search.pareto import pareto_front, plot_pareto_front
 from src.utils.error_boundary import read_job_error
+from src.utils.errors import ConfigError
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -28,11 +31,13 @@ log = logging.getLogger(__name__)
 class SweepSummary(Callback):
     """Write `summary.csv`, `summary.md` and `summary.png` in the sweep directory.
 
-    The CSV holds every metric of every job; the plot shows the metric against each swept
-    parameter. Each job is read back from its own `metrics.json` and `.hydra/overrides.yaml`, so
-    the summary works the same for any sweeper and launcher.
+    The CSV holds every metric of every job. With one metric the plot shows it against each
+    swept parameter and the best job is marked; with several (`metric` a list) the plot shows
+    the Pareto front, whose jobs are marked. Each job is read back from its own `metrics.json`
+    and `.hydra/overrides.yaml`, so the summary works the same for any sweeper and launcher.
 
-    - `mode`: "max" or "min" ("maximize"/"minimize" too, so that it can follow Optuna's sweeper).
+    - `mode`: "max" or "min" ("maximize"/"minimize" too, so that it can follow Optuna's
+      sweeper), or a list of them, one per metric.
     - `storage` and `study_name` of an Optuna search, whose job numbers are its trial numbers:
       each job also gets its trial's state (a pruned trial is never the best), and the summary
       the importance of each parameter.
@@ -40,13 +45,21 @@ class SweepSummary(Callback):
 
     def __init__(
         self,
-        metric: str | None = None,
-        mode: str = "max",
+        metric: str | Sequence[str] | None = None,
+        mode: str | Sequence[str] = "max",
         storage: str | None = None,
         study_name: str | None = None,
     ):
-        self.metric = metric
-        self.mode = mode
+        self.metrics = [] if metric is None else [metric] if isinstance(metric, str) else [*metric]
+        modes = [mode] if isinstance(mode, str) else [*mode]
+        if len(modes) == 1:
+            modes *= len(self.metrics)
+        if self.metrics and len(modes) != len(self.metrics):
+            raise ConfigError(
+                f"hydra.callbacks.sweep_summary: the modes {modes} do not pair with the metrics "
+                f"{self.metrics}; give one mode, or one per metric."
+            )
+        self.maximize = [not mode.startswith("min") for mode in modes]
         self.storage = storage
         self.study_name = study_name
 
@@ -57,22 +70,26 @@ class SweepSummary(Callback):
         if not rows:
             log.warning("No job of the sweep in %s started.", sweep_dir)
             return
-        importances: dict[str, float] = {}
+        importances: dict[str, dict[str, float]] = {}
         if self.storage and self.study_name:
-            from src.run.search.study import load_study_report  # optuna: searches only
+            from src.run.search.results import load_study_report  # optuna: searches only
 
-            states, importances = load_study_report(self.storage, self.study_name)
+            objectives = self.metrics or ["value"]
+            states, importances = load_study_report(self.storage, self.study_name, objectives)
             for row in rows:
                 row["state"] = states.get(int(row["job"])) if row["job"].isdigit() else None
         write_csv(rows, sweep_dir / "summary.csv")
-        best = self.best_job(rows)
-        text = markdown_table(rows, self.metric, best)
-        if self.metric and params and any(_is_number(row.get(self.metric)) for row in rows):
-            plot_metric(rows, self.metric, params).savefig(sweep_dir / "summary.png")
-            text += f"\n![{self.metric} against each swept parameter](summary.png)\n"
+        marked = self.marked_jobs(rows)
+        headline = self.headline(marked)
+        text = "# Sweep summary\n\n" + (f"{headline}\n\n" if headline else "")
+        text += markdown_table(rows, self.metrics, marked)
+        figure = self.plot(rows, params, list(marked))
+        if figure is not None:
+            figure.savefig(sweep_dir / "summary.png")
+            text += f"\n![{self.plot_caption()}](summary.png)\n"
         text += importance_table(importances)
         (sweep_dir / "summary.md").write_text(text)
-        log.info("Sweep summary: %s (best job: %s)", sweep_dir / "summary.md", best)
+        log.info("Sweep summary: %s (%s)", sweep_dir / "summary.md", headline or "no metric")
         failed = [row["job"] for row in rows if row["status"] != "ok"]
         if failed:
             raise SystemExit(
@@ -81,18 +98,64 @@ class SweepSummary(Callback):
             )
 
     def best_job(self, rows: list[dict[str, Any]]) -> str | None:
-        metric = self.metric
-        if metric is None:
+        """The job with the best value of the one metric."""
+        scored = self.scored(rows)
+        if len(self.metrics) != 1 or not scored:
             return None
-        scored = [
+        pick = max if self.maximize[0] else min
+        return pick(scored, key=lambda row: row[self.metrics[0]])["job"]
+
+    def marked_jobs(self, rows: list[dict[str, Any]]) -> dict[str, str]:
+        """The jobs the table marks: the best one, or those of the Pareto front."""
+        if len(self.metrics) > 1:
+            return dict.fromkeys(pareto_front(self.points(rows), self.maximize), "Pareto")
+        best = self.best_job(rows)
+        return {} if best is None else {best: "best"}
+
+    def scored(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The jobs with a number for every metric, pruned and failed trials left out."""
+        return [
             row
             for row in rows
-            if _is_number(row.get(metric)) and row.get("state", "COMPLETE") == "COMPLETE"
+            if all(_is_number(row.get(metric)) for metric in self.metrics)
+            and row.get("state", "COMPLETE") == "COMPLETE"
         ]
-        if not scored:
-            return None
-        pick = min if self.mode.startswith("min") else max
-        return pick(scored, key=lambda row: row[metric])["job"]
+
+    def points(self, rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+        """Each scored job's metrics: a point of the space of objectives."""
+        return {row["job"]: [row[metric] for metric in self.metrics] for row in self.scored(rows)}
+
+    def headline(self, marked: dict[str, str]) -> str:
+        """The best job, or the jobs of the Pareto front, in a sentence ("" without a metric)."""
+        jobs = ", ".join(marked) or None
+        if len(self.metrics) > 1:
+            goals = ", ".join(f"`{metric}` ({way})" for metric, way in self.directions())
+            return f"Pareto front of {goals}: jobs {jobs}"
+        return f"Best job by `{self.metrics[0]}`: {jobs}" if self.metrics else ""
+
+    def directions(self) -> list[tuple[str, str]]:
+        """Each metric with the way it improves, "max" or "min"."""
+        ways = ["max" if up else "min" for up in self.maximize]
+        return list(zip(self.metrics, ways, strict=True))
+
+    def plot(self, rows: list[dict[str, Any]], params: list[str], front: list[str]) -> Any:
+        """Plot the metric against each swept parameter, or the Pareto front.
+
+        None when there is nothing to plot.
+        """
+        if len(self.metrics) > 1:
+            points = self.points(rows)
+            labels = [f"{metric} ({way})" for metric, way in self.directions()]
+            return plot_pareto_front(points, front, labels) if points else None
+        metric = self.metrics[0] if self.metrics else None
+        if metric and params and any(_is_number(row.get(metric)) for row in rows):
+            return plot_metric(rows, metric, params)
+        return None
+
+    def plot_caption(self) -> str:
+        if len(self.metrics) > 1:
+            return "the Pareto front of " + " and ".join(self.metrics)
+        return f"{self.metrics[0]} against each swept parameter"
 
 
 def collect_jobs(sweep_dir: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -141,35 +204,40 @@ def write_csv(rows: list[dict[str, Any]], path: Path) -> None:
         writer.writerows(rows)
 
 
-def markdown_table(rows: list[dict[str, Any]], metric: str | None, best: str | None) -> str:
-    """The jobs as a Markdown table: overrides, the sweep's metric first, then test metrics."""
-    metric_columns = [metric] if metric else []
-    metric_columns += sorted({key for row in rows for key in row if key.startswith("test/")})
+def markdown_table(rows: list[dict[str, Any]], metrics: list[str], marked: dict[str, str]) -> str:
+    """The jobs as a Markdown table: overrides, the sweep's metrics first, then test metrics.
+
+    Each job of `marked` gets its mark ("best", "Pareto") beside its number.
+    """
+    metric_columns = [*metrics]
+    metric_columns += sorted(
+        {key for row in rows for key in row if key.startswith("test/") and key not in metrics}
+    )
     states = ["state"] if any("state" in row for row in rows) else []
     header = ["job", "overrides", *metric_columns, "wall_time_s", "status", *states]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [_cell(row.get(column)) for column in header]
-        if row["job"] == best:
-            cells[0] += " (best)"
+        if row["job"] in marked:
+            cells[0] += f" ({marked[row['job']]})"
         lines.append("| " + " | ".join(cells) + " |")
-    title = (
-        f"# Sweep summary\n\nBest job by `{metric}`: {best}\n\n"
-        if metric
-        else "# Sweep summary\n\n"
-    )
-    return title + "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
 
 
-def importance_table(importances: dict[str, float]) -> str:
+def importance_table(importances: dict[str, dict[str, float]]) -> str:
     """Write Optuna's importance of each parameter as a Markdown section (empty without any).
 
-    Optuna's default evaluator computes them over the complete trials; they sum to 1.
+    One column per objective. Optuna's default evaluator computes them over the complete
+    trials; each column sums to 1.
     """
     if not importances:
         return ""
-    lines = ["| parameter | importance |", "|---|---|"]
-    lines += [f"| {name} | {value:.3f} |" for name, value in importances.items()]
+    objectives = list(importances)
+    params = list(dict.fromkeys(name for values in importances.values() for name in values))
+    lines = ["| parameter | " + " | ".join(objectives) + " |", "|---|" + "---|" * len(objectives)]
+    for param in params:
+        cells = [_cell(importances[objective].get(param)) for objective in objectives]
+        lines.append(f"| {param} | " + " | ".join(cells) + " |")
     return "\n## Parameter importance (Optuna)\n\n" + "\n".join(lines) + "\n"
 
 

@@ -167,7 +167,10 @@ def test_the_language_model_takes_the_chunk_size_and_the_switch_from_its_config(
     reference.load_state_dict(module.state_dict())
     batch = packed_batch(config["vocab_size"], packed=True)
     torch.testing.assert_close(
-        module._token_loss(batch).loss_sum, reference._token_loss(batch).loss_sum, rtol=1e-6, atol=0
+        module.objective.sums(module.net, batch).loss,
+        reference.objective.sums(reference.net, batch).loss,
+        rtol=1e-6,
+        atol=0,
     )
     with pytest.raises(ConfigError, match="loss_chunk_size=0"):
         LanguageModel(copy.deepcopy(config), loss_chunk_size=0)

@@ -40,6 +40,7 @@ from tests.helpers import (
     text_lm_overrides,
     trained_state,
 )
+from tests.models.support import save_tiny_base
 from train import train
 
 # Both architectures at their tiniest: dense Qwen3, and Qwen3-Next with Gated DeltaNet layers.
@@ -333,11 +334,7 @@ def lm_run(tmp_path, *extra):
 @pytest.fixture(scope="module")
 def tiny_base(tmp_path_factory):
     """TINY_LM's network with random weights, as a transformers folder."""
-    folder = tmp_path_factory.mktemp("base")
-    cfg = compose_config(folder / "compose", [*FAST, *TINY_LM])
-    torch.manual_seed(0)
-    instantiate(cfg.model).net.save_pretrained(folder / "model")
-    return folder / "model"
+    return save_tiny_base(tmp_path_factory.mktemp("base"))
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ REQUIRED = {  # options whose data has no embedded default
     "data=tensors": ["data.path=arrays.npz", "data.num_classes=3", "data.input_shape=[1,8,8]"],
     # A language model needs text data (and text data a language model).
     "model=qwen3_tiny": ["data=shakespeare_bytes"],
+    "data=preferences": ["model=qwen3_tiny"],
     "model=qwen3_next_tiny": ["data=shakespeare_bytes"],
     "model=qwen3_0_6b": ["data=shakespeare_bytes"],
     "model=qwen3_5_tiny": ["data=shakespeare_bytes"],

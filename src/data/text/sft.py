@@ -5,11 +5,10 @@ A JSONL line (or Parquet row) is `{"prompt": ..., "response": ...}` or `{"messag
 a template; every assistant turn's content and the end-of-turn token after it are targets,
 nothing else is (not the system or user turns, not the template's text).
 
-The template is either format strings (`render`, below) or, with `template="tokenizer"`, the
-chat template of the tokenizer folder (`src.data.text.chat_template`).
+The template is either format strings (`render` in `src.data.text.conversations`) or, with
+`template="tokenizer"`, the chat template of the tokenizer folder (`src.data.text.chat_template`).
 """
 
-import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -20,22 +19,22 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
-from src.data.corpus.encoding import list_column
-from src.data.corpus.readers import FORMATS, read_records, resolve_files
-from src.data.corpus.token_store import token_dtype
+from src.data.corpus.readers import resolve_files
 from src.data.text.chat_template import ChatTemplate
+from src.data.text.conversations import (
+    Pieces,
+    TurnTemplate,
+    checked_turns,
+    encode_pieces,
+    read_record_files,
+    render_conversations,
+    synthetic_file,
+)
 from src.data.text.packed_text import PackedTextDataModule
-from src.data.text.synthetic_sft import make_examples, write_jsonl
+from src.data.text.synthetic_sft import make_examples
 from src.utils.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
-
-ROLES = ("system", "user", "assistant")
-# Compact enough for a byte-level tokenizer. For a Qwen tokenizer use its own chat template
-# (template="tokenizer"), or its ChatML as format strings:
-# user: "<|im_start|>user\n{content}<|im_end|>\n", assistant: "<|im_start|>assistant\n"
-DEFAULT_TEMPLATE = {"system": "{content}\n", "user": "User: {content}\n", "assistant": "Bot: "}
-TOKENIZER_TEMPLATE = "tokenizer"  # data.template=tokenizer: the tokenizer folder's chat template
 
 
 class SFTDataModule(PackedTextDataModule):
@@ -73,41 +72,10 @@ class SFTDataModule(PackedTextDataModule):
                 "data.overlong=split would cut conversations in two, so that answers lose their "
                 "prompts; choose truncate, drop or raise, or set data.allow_split=true"
             )
-        self.chat_template: ChatTemplate | None = None
-        self.template: dict[str, str] | str  # format strings, or TOKENIZER_TEMPLATE
-        if isinstance(template, str):
-            self._check_tokenizer_template(template)
-            self.template = template
-        else:
-            self.template = {**DEFAULT_TEMPLATE, **(template or {})}
+        self.template = TurnTemplate(template, self.tokenizer_options)
         self.path = path
         self.synthetic = (synthetic_count, synthetic_seed)
         self.exact_match_samples = exact_match_samples
-
-    def _check_tokenizer_template(self, template: str) -> None:
-        if template != TOKENIZER_TEMPLATE:
-            raise ConfigError(
-                f"data.template={template!r}: give format strings for system, user and "
-                f"assistant (conf/data/sft.yaml), or {TOKENIZER_TEMPLATE!r} for the tokenizer "
-                f"folder's own chat template"
-            )
-        kind = self.tokenizer_options.get("kind", "auto")
-        path = self.tokenizer_options.get("path")
-        if kind not in ("auto", "pretrained") or not path:
-            raise ConfigError(
-                f"data.template=tokenizer renders conversations with a tokenizer folder's chat "
-                f"template, but data.tokenizer is kind={kind!r}, path={path!r}: set "
-                f"data.tokenizer.kind=pretrained data.tokenizer.path=<a folder with "
-                f"tokenizer.json and a chat template, e.g. Qwen3-0.6B>"
-            )
-
-    def template_renderer(self) -> dict[str, str] | ChatTemplate:
-        """The format strings, or the tokenizer folder's chat template (read once)."""
-        if isinstance(self.template, dict):  # a str is TOKENIZER_TEMPLATE (checked at init)
-            return self.template
-        if self.chat_template is None:
-            self.chat_template = ChatTemplate(self.tokenizer_options["path"])
-        return self.chat_template
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -115,30 +83,15 @@ class SFTDataModule(PackedTextDataModule):
         if self.path is not None:
             return resolve_files([self.path], key="data.path")
         count, seed = self.synthetic
-        folder = self.cache_dir or Path("data/cache")
-        path = folder / f"sft-synthetic-{count}-{seed}.jsonl"
-        if not path.is_file():
-            write_jsonl(make_examples(count, seed), path)
-            log.info("Wrote %d synthetic instruction examples to %s", count, path)
-        return [path]
+        name = f"sft-synthetic-{count}-{seed}.jsonl"
+        return [synthetic_file(self.cache_dir, name, partial(make_examples, count, seed))]
 
     def source_options(self) -> str:
-        renderer = self.template_renderer()
-        if isinstance(renderer, ChatTemplate):
-            return f"chat_template|{renderer.key}"
-        return str(sorted(renderer.items()))
+        return self.template.key()
 
     def read_corpus(self, files: list[Path], work_dir: Path) -> datasets.Dataset:
-        kinds = {FORMATS[path.suffix] for path in files}
-        if "text" in kinds:
-            raise DataError(
-                f"data.path={self.path!r}: conversations are JSONL or Parquet, not .txt"
-            )
-        parts = [
-            read_records([p for p in files if FORMATS[p.suffix] == k], k, work_dir)
-            for k in sorted(kinds)
-        ]
-        corpus = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+        not_text = f"data.path={self.path!r}: conversations are JSONL or Parquet, not .txt"
+        corpus = read_record_files(files, work_dir, not_text)
         if (
             not {"prompt", "response"} <= set(corpus.column_names)
             and "messages" not in corpus.column_names
@@ -152,7 +105,7 @@ class SFTDataModule(PackedTextDataModule):
         return corpus
 
     def training_texts(self, corpus: datasets.Dataset, rows: np.ndarray) -> Iterator[str]:
-        where, renderer = self._where(), self.template_renderer()
+        where, renderer = self._where(), self.template.renderer()
         for start in range(0, len(rows), 1000):
             chunk = rows[start : start + 1000]
             records = corpus.select(chunk).to_list()
@@ -160,23 +113,11 @@ class SFTDataModule(PackedTextDataModule):
                 yield "".join(text for text, _ in pieces if text is not None)
 
     def encoder(self) -> Callable[[pa.Table, list[int]], pa.Table]:
-        renderer = self.template_renderer()
-        if isinstance(renderer, ChatTemplate):
-            end = renderer.end_of_turn_token()
-            eos_token = getattr(self.tokenizer, "eos_token", end)  # the byte tokenizer has none
-            if end is not None and end != eos_token:
-                log.warning(
-                    "The chat template ends assistant turns with %s, but the tokenizer's "
-                    "end-of-text token is %s, at which generation (and val/exact_match) stops: "
-                    "set data.tokenizer.eos_token=%s",
-                    end,
-                    eos_token,
-                    end,
-                )
+        self.template.check_end_of_turn(self.tokenizer)
         return partial(
             encode_conversations,
             tokenizer=self.tokenizer,
-            template=renderer,
+            template=self.template.renderer(),
             where=self._where(),
         )
 
@@ -220,45 +161,17 @@ def conversation_of(record: dict[str, Any], where: str, index: int) -> list[dict
             {"role": "assistant", "content": record["response"]},
         ]
     elif isinstance(record.get("messages"), list):
-        # Messages of differing fields (one with reasoning_content, say) reach us as the JSON
-        # text that `datasets` keeps them in.
-        turns = [_json_object(turn) for turn in record["messages"]]
+        turns = record["messages"]
     else:
         shown = {k: v for k, v in record.items() if v is not None}
         raise DataError(
             f'{where} needs {{"prompt": ..., "response": ...}} or {{"messages": [...]}}, got '
             f"{str(shown)[:80]!r}"
         )
-    for turn in turns:
-        if not isinstance(turn, dict) or turn.get("role") not in ROLES:
-            raise DataError(f"{where}: every message needs a role among {ROLES}, got {turn!r}")
-        if not isinstance(turn.get("content"), str):
-            raise DataError(f"{where}: the {turn['role']} message's content must be a string")
+    turns = checked_turns(turns, where)
     if not turns or turns[-1]["role"] != "assistant":
         raise DataError(f"{where}: the conversation must end with an assistant message")
     return turns
-
-
-def _json_object(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
-
-
-def render(
-    conversation: list[dict[str, str]], template: dict[str, str]
-) -> list[tuple[str | None, bool]]:
-    """The conversation as (text, is target) pieces; None stands for the end-of-turn token."""
-    pieces: list[tuple[str | None, bool]] = []
-    for turn in conversation:
-        if turn["role"] == "assistant":
-            pieces += [(template["assistant"], False), (turn["content"], True), (None, True)]
-        else:
-            pieces.append((template[turn["role"]].format(content=turn["content"]), False))
-    return pieces
 
 
 def render_rows(
@@ -266,7 +179,7 @@ def render_rows(
     indices: list[int],
     template: dict[str, str] | ChatTemplate,
     where: str,
-) -> Sequence[Sequence[tuple[str | None, bool]]]:
+) -> Sequence[Pieces]:
     """The (text, is target) pieces of each record, by format strings or by a chat template.
 
     A chat template renders all the batch's conversations together.
@@ -275,9 +188,8 @@ def render_rows(
         conversation_of(record, where, index)
         for record, index in zip(records, indices, strict=True)
     ]
-    if isinstance(template, ChatTemplate):
-        return template.render(conversations, [f"{where}, row {index + 1}" for index in indices])
-    return [render(conversation, template) for conversation in conversations]
+    wheres = [f"{where}, row {index + 1}" for index in indices]
+    return render_conversations(conversations, wheres, template)
 
 
 def encode_conversations(
@@ -287,29 +199,5 @@ def encode_conversations(
     template: dict[str, str] | ChatTemplate,
     where: str,
 ) -> pa.Table:
-    """`Dataset.map`'s function: each conversation's token ids and target mask.
-
-    Every text piece of the batch is encoded in one call.
-    """
-    texts, is_end, is_target, pieces_per_row = [], [], [], []
-    for pieces in render_rows(table.to_pylist(), indices, template, where):
-        texts += [text for text, _ in pieces if text is not None]
-        is_end += [text is None for text, _ in pieces]
-        is_target += [target for _, target in pieces]
-        pieces_per_row.append(len(pieces))
-    values, text_lengths = tokenizer.encode_batch(texts)
-    ends = np.array(is_end, dtype=bool)
-    piece_lengths = np.ones(len(ends), dtype=np.int64)
-    piece_lengths[~ends] = text_lengths
-    from_text = np.repeat(~ends, piece_lengths)
-    tokens = np.full(len(from_text), tokenizer.eos_token_id, dtype=np.int64)
-    tokens[from_text] = values
-    targets = np.repeat(np.array(is_target, dtype=bool), piece_lengths)
-    row_starts = np.concatenate(([0], np.cumsum(pieces_per_row)[:-1]))
-    lengths = np.add.reduceat(piece_lengths, row_starts) if len(row_starts) else piece_lengths
-    return pa.table(
-        {
-            "input_ids": list_column(tokens, lengths, token_dtype(tokenizer.vocab_size)),
-            "targets": list_column(targets, lengths, np.dtype(np.uint8)),
-        }
-    )
+    """`Dataset.map`'s function: each conversation's token ids and target mask."""
+    return encode_pieces(render_rows(table.to_pylist(), indices, template, where), tokenizer)

@@ -11,22 +11,20 @@ from torchmetrics import MaxMetric, SumMetric
 from src.models.language.adapters import build_adapter
 from src.models.language.exact_match import count_exact_matches
 from src.models.language.expert_parallel import dispatched_bytes
+from src.models.language.objectives import NextToken, Objective
 from src.models.language.parallel import shard_decoder_layers
+from src.models.language.preference.objective import PreferenceObjective
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.models.language.qwen.kernels import PYTORCH
-from src.models.language.qwen.loss import TokenLoss
 from src.models.language.qwen.moe import expert_load
 from src.models.language.qwen.transformers_format.folders import (
     config_for_checkpoint,
     folder_layout,
 )
 from src.models.optimization import OptimizedModule, OptimizerFactory
-from src.utils.contracts import TOKENS, ExactMatchExample, Tokenizer
+from src.utils.contracts import TOKENS, Adapter, ExactMatchExample, Tokenizer
 from src.utils.errors import ConfigError
 
-# Summed over a validation or test split: token losses, supervised tokens, and tokens predicted
-# right (argmax).
-EVAL_SUMS = ("loss", "tokens", "correct")
 # The checkpoint key naming the transformers folder whose unused tensors (a vision tower, MTP
 # layers) an export writes back: the rebuilt model has no `pretrained` to know it by.
 SOURCE_KEY = "qwen_source_folder"
@@ -35,12 +33,15 @@ KERNEL_CHOICES = {"auto": None, "pytorch": PYTORCH}
 
 
 class LanguageModel(OptimizedModule):
-    """Train a QwenLM on next-token prediction with the configured optimizer and schedule.
+    """Train a QwenLM on next-token prediction, or on preferences, with the configured optimizer.
 
     Batches are dicts: `input_ids` and `labels` [B, T] (labels[t] is the target of position t,
     IGNORE_INDEX where nothing is supervised), optionally `position_ids` [B, T] and
-    `cu_seqlens` (int32 document offsets of packed rows). `train/loss` is the mean over every
-    supervised token of the optimizer step, however the tokens fall into micro-batches. A
+    `cu_seqlens` (int32 document offsets of packed rows). `objective` says what is optimised
+    (src/models/language/objectives.py): `next_token`, the mean cross-entropy over every
+    supervised token, or `dpo`, a preference loss over pairs of responses (options in
+    `preference`, src/models/language/preference/). `train/loss` is the mean over the
+    optimizer step's tokens or pairs, however they fall into micro-batches. A
     mixture of experts adds `router_aux_loss_coef` times its load-balancing loss
     (`train/aux_loss`) to what it optimises, and logs each sparse layer's busiest expert over
     the mean (`moe/layer_{i}/load_max_over_mean`, the worst as `moe/load_max_over_mean`).
@@ -61,10 +62,9 @@ class LanguageModel(OptimizedModule):
     """
 
     batch_kind = TOKENS
-    # The optimizer step's running sums, reset by _reset_step after each step.
+    # The optimizer step's running sums (loss, units, metrics), reset by _reset_step after each.
     _step_normaliser: int | None
-    _step_loss_sum: torch.Tensor | float  # becomes a tensor on the batch's device
-    _step_tokens: torch.Tensor | int
+    _step_sums: dict[str, torch.Tensor]
 
     def __init__(
         self,
@@ -77,6 +77,8 @@ class LanguageModel(OptimizedModule):
         activation_checkpointing: bool = False,
         adapter: dict[str, Any] | None = None,
         explicit_config: list[str] | None = None,
+        objective: str = "next_token",
+        preference: dict[str, Any] | None = None,
     ):
         super().__init__(optimizer, scheduler)
         if kernels not in KERNEL_CHOICES:
@@ -103,6 +105,9 @@ class LanguageModel(OptimizedModule):
         # adapter=lora: the base frozen in its dtype, LoRA adapters the only trained weights.
         self.adapter = build_adapter(self.net, adapter, pretrained)
         self.hparams.update(self.adapter.hyperparameters())  # load_from_checkpoint
+        self.objective = build_objective(objective, preference, self.net, self.adapter)
+        if isinstance(self.objective, PreferenceObjective):  # load_from_checkpoint
+            self.hparams.update({"objective": objective, "preference": preference})
         # A frozen base is left out of checkpoints; on_load_checkpoint puts it back and checks
         # that every other key is there (FSDP2's strategy loads the state before that hook).
         self.strict_loading = not self.adapter.freezes_base
@@ -110,7 +115,10 @@ class LanguageModel(OptimizedModule):
         # while shapes are still whole: wrappers such as FSDP flatten them later.
         self.no_weight_decay = frozenset(n for n, p in self.named_parameters() if p.ndim < 2)
         self.eval_sums = nn.ModuleDict(
-            {stage: nn.ModuleDict({n: SumMetric() for n in EVAL_SUMS}) for stage in ("val", "test")}
+            {
+                stage: nn.ModuleDict({n: SumMetric() for n in self.objective.eval_sums})
+                for stage in ("val", "test")
+            }
         )
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # in checkpoints, so a resumed run keeps its best
@@ -122,7 +130,9 @@ class LanguageModel(OptimizedModule):
     def metric_keys(self) -> set[str]:
         """The metrics this module logs (src/run/metric_keys.py checks monitors against them)."""
         keys = {"train/loss", "val/acc_best"}
-        keys |= {f"{stage}/{name}" for stage in ("val", "test") for name in ("loss", "ppl", "acc")}
+        keys |= {f"train/{name}" for name in self.objective.step_metrics}
+        names = self.objective.eval_metrics
+        keys |= {f"{stage}/{name}" for stage in ("val", "test") for name in names}
         if sparse := self.net.sparse_layer_indices():
             keys |= {"train/aux_loss", "moe/load_max_over_mean", "moe/dispatched_bytes"}
             keys |= {f"moe/layer_{index}/load_max_over_mean" for index in sparse}
@@ -137,6 +147,10 @@ class LanguageModel(OptimizedModule):
     def setup(self, stage: str) -> None:
         if stage == "fit":
             self.adapter.check_can_train()
+        if self._trainer is not None:  # the reference log-probabilities of a preference run
+            trainer = self._trainer
+            device = trainer.strategy.root_device
+            self.objective.setup(self.net, getattr(trainer, "datamodule", None), device)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """An adapter run's checkpoint holds its adapters and names its base, not its weights.
@@ -207,24 +221,26 @@ class LanguageModel(OptimizedModule):
         return count_exact_matches(self.net, tokenizer, list(examples))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        loss_sum, tokens, _ = self._token_loss(batch)
-        # Summed token losses over a normaliser fixed for the step: on_before_optimizer_step
-        # turns the accumulated gradient into that of the mean over the step's tokens.
+        loss_sum, units, metrics = self.objective.sums(self.net, batch)
+        # Summed losses over a normaliser fixed for the step: on_before_optimizer_step turns the
+        # accumulated gradient into that of the mean over the step's units (tokens or pairs).
         if self._step_normaliser is None:
             # Rows, not B*T: every rank's micro-batches hold the same number of rows, while
             # padded rows may differ in length between ranks.
             self._step_normaliser = batch["labels"].shape[0]
-        self._step_loss_sum = self._step_loss_sum + loss_sum.detach()
-        self._step_tokens = self._step_tokens + tokens
-        return (loss_sum + self._router_loss(tokens)) / self._step_normaliser
+        for name, value in {"loss": loss_sum, "units": units, **metrics}.items():
+            previous = self._step_sums.get(name)
+            value = value.detach()
+            self._step_sums[name] = value if previous is None else previous + value
+        return (loss_sum + self._router_loss(units)) / self._step_normaliser
 
-    def _router_loss(self, tokens: torch.Tensor) -> torch.Tensor | float:
-        """The mixture of experts' weighted load-balancing loss, as a sum over `tokens`.
+    def _router_loss(self, units: torch.Tensor) -> torch.Tensor | float:
+        """The mixture of experts' weighted load-balancing loss, as a sum over `units`.
 
-        on_before_optimizer_step divides the step's gradient by its supervised tokens: a
-        micro-batch's auxiliary loss enters times its own, so one micro-batch optimises
-        transformers' `loss + router_aux_loss_coef * aux_loss` exactly, and several are weighed
-        by their tokens. 0 for a dense model.
+        on_before_optimizer_step divides the step's gradient by its units (supervised tokens, or
+        pairs): a micro-batch's auxiliary loss enters times its own, so one micro-batch
+        optimises transformers' `loss + router_aux_loss_coef * aux_loss` exactly, and several
+        are weighed by their units. 0 for a dense model.
         """
         aux_loss = self.net.router_aux_loss()
         if aux_loss is None:
@@ -239,30 +255,31 @@ class LanguageModel(OptimizedModule):
             # Expert parallelism: the bytes this rank sent in this forward's all-to-alls.
             if (sent := dispatched_bytes(self.net)) is not None:
                 self.log("moe/dispatched_bytes", float(sent), on_step=True)
-        return self.net.config.router_aux_loss_coef * aux_loss * tokens
+        return self.net.config.router_aux_loss_coef * aux_loss * units
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Turn the accumulated gradient into that of the mean loss over the step's tokens."""
-        # The step's training_steps have run: they set the normaliser and made both sums tensors.
+        """Turn the accumulated gradient into that of the mean loss over the step's units."""
+        # The step's training_steps have run: they set the normaliser and the sums.
         assert self._step_normaliser is not None
-        assert isinstance(self._step_loss_sum, torch.Tensor)
-        assert isinstance(self._step_tokens, torch.Tensor)
         # Lightning calls this before gradient clipping, so clipping sees the mean's gradient.
-        # Both sums in one all-reduce, straight to the process group: Lightning's
+        # All sums in one all-reduce, straight to the process group: Lightning's
         # strategy.reduce adds a barrier, a second collective per step.
-        dtype = torch.promote_types(self._step_loss_sum.dtype, torch.float32)
-        sums = torch.stack([self._step_tokens.to(dtype), self._step_loss_sum.to(dtype)])
+        dtype = torch.promote_types(self._step_sums["loss"].dtype, torch.float32)
+        names = list(self._step_sums)
+        sums = torch.stack([self._step_sums[name].to(dtype) for name in names])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(sums)
-        tokens, loss_sum = sums[0].clamp_min(1), sums[1]
+        totals = dict(zip(names, sums, strict=True))
+        units = totals.pop("units").clamp_min(1)
         # Lightning divided each micro-batch loss by accumulate_grad_batches; DDP averages devices.
         micro_batches = self.trainer.accumulate_grad_batches * self.trainer.world_size
-        scale = (self._step_normaliser * micro_batches / tokens).item()
+        scale = (self._step_normaliser * micro_batches / units).item()
         if scale != 1.0:
             for parameter in self.parameters():
                 if parameter.grad is not None:
                     parameter.grad.mul_(scale)
-        self.log("train/loss", loss_sum / tokens, on_step=True, prog_bar=True)
+        for name, total in totals.items():
+            self.log(f"train/{name}", total / units, on_step=True, prog_bar=name == "loss")
         self._reset_step()
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
@@ -277,43 +294,39 @@ class LanguageModel(OptimizedModule):
     def on_test_epoch_end(self) -> None:
         self._log_eval("test")
 
-    def _token_loss(self, batch: dict[str, torch.Tensor]) -> TokenLoss:
-        return self.net(
-            batch["input_ids"],
-            position_ids=batch.get("position_ids"),
-            cu_seqlens=batch.get("cu_seqlens"),
-            labels=batch["labels"],
-        )
-
     def _accumulate_eval(self, stage: str, batch: dict[str, torch.Tensor]) -> None:
-        loss_sum, tokens, correct = self._token_loss(batch)
+        loss_sum, units, metrics = self.objective.sums(self.net, batch)
         sums = cast(Mapping[str, SumMetric], self.eval_sums[stage])  # as built in __init__
-        sums["loss"].update(loss_sum)
-        sums["tokens"].update(tokens)
-        # Lightning evaluates without gradients, where the loss also counts the right argmaxes.
-        assert correct is not None
-        sums["correct"].update(correct)
+        for name, value in {"loss": loss_sum, "units": units, **metrics}.items():
+            sums[name].update(value)
 
     def _log_eval(self, stage: str) -> None:
-        """Log the loss per supervised token over the whole split, its perplexity and accuracy.
-
-        The accuracy is next-token accuracy; the exact-match accuracy of SFT data comes from the
-        ExactMatch callback.
-        """
+        """Log the objective's metrics over the whole split, and val/acc_best (its best)."""
         sums = cast(Mapping[str, SumMetric], self.eval_sums[stage])  # as built in __init__
-        tokens = sums["tokens"].compute().clamp_min(1)
-        loss = sums["loss"].compute() / tokens
-        accuracy = sums["correct"].compute() / tokens
-        self.log(f"{stage}/loss", loss, prog_bar=stage == "val")
-        self.log(f"{stage}/ppl", loss.exp())
-        self.log(f"{stage}/acc", accuracy)
+        metrics = self.objective.evaluation({name: sum_.compute() for name, sum_ in sums.items()})
+        for name, value in metrics.items():
+            self.log(f"{stage}/{name}", value, prog_bar=stage == "val" and name == "loss")
         if stage == "val" and not self.trainer.sanity_checking:
-            self.val_acc_best(accuracy)
+            self.val_acc_best(metrics[self.objective.accuracy])
             self.log("val/acc_best", self.val_acc_best.compute())
         for metric in sums.values():
             metric.reset()
 
     def _reset_step(self) -> None:
         self._step_normaliser = None
-        self._step_loss_sum = 0.0
-        self._step_tokens = 0
+        self._step_sums = {}
+
+
+def build_objective(
+    name: str, preference: dict[str, Any] | None, net: QwenLM, adapter: Adapter
+) -> Objective:
+    """The objective `model.objective` names, with `model.preference`'s options for `dpo`."""
+    if name == "next_token":
+        return NextToken()
+    if name == "dpo":
+        return PreferenceObjective.build(preference or {}, net, adapter)
+    raise ConfigError(
+        f"model.objective={name!r}: choose next_token (pretraining, SFT) or dpo (preference "
+        f"pairs, data=preferences; model.preference.loss_type picks DPO, IPO, hinge, SimPO or "
+        f"ORPO)"
+    )

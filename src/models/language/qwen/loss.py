@@ -33,11 +33,8 @@ def next_token_loss(
     reference path). Under autocast the head runs in the autocast dtype, as `nn.Linear` would,
     and the loss is summed in fp32, or in fp64 for an fp64 model.
     """
-    hidden, labels = hidden.flatten(0, -2), labels.flatten()
-    device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        hidden, head_weight = hidden.to(dtype), head_weight.to(dtype)
+    hidden, head_weight = _in_autocast_dtype(hidden.flatten(0, -2), head_weight)
+    labels = labels.flatten()
     tokens = (labels != IGNORE_INDEX).sum()
     with_gradients = torch.is_grad_enabled()
     if with_gradients and chunk_size is not None:
@@ -55,6 +52,51 @@ def next_token_loss(
         if not with_gradients:
             correct += (logits.argmax(-1) == targets).sum()
     return TokenLoss(loss_sum, tokens, None if with_gradients else correct)
+
+
+def label_logps(
+    hidden: torch.Tensor, head_weight: torch.Tensor, labels: torch.Tensor, chunk_size: int | None
+) -> torch.Tensor:
+    """The log-probability of each label [...] under `hidden` @ head_weight.T, 0 where ignored.
+
+    Preference losses sum them over each response. As for `next_token_loss`, `chunk_size` rows
+    of logits exist at a time (None: all at once), and the values are in fp32 or wider.
+    """
+    shape = labels.shape
+    hidden, head_weight = _in_autocast_dtype(hidden.flatten(0, -2), head_weight)
+    labels = labels.flatten()
+    if torch.is_grad_enabled() and chunk_size is not None:
+        losses = F.linear_cross_entropy(
+            hidden,
+            head_weight,
+            labels,
+            reduction="none",
+            ignore_index=IGNORE_INDEX,
+            options=nn.LinearCrossEntropyOptions(batch_chunk_size=chunk_size, acc_policy="compact"),
+        )
+        return -losses.to(summed_dtype(hidden)).view(shape)
+    rows_per_chunk = chunk_size or max(len(hidden), 1)
+    chunks = [
+        F.cross_entropy(
+            F.linear(rows, head_weight).to(summed_dtype(hidden)),
+            targets,
+            ignore_index=IGNORE_INDEX,
+            reduction="none",
+        )
+        for rows, targets in zip(
+            hidden.split(rows_per_chunk), labels.split(rows_per_chunk), strict=True
+        )
+    ]
+    return -torch.cat(chunks).view(shape)
+
+
+def _in_autocast_dtype(hidden, head_weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both in the autocast dtype when autocast is on, as `nn.Linear` would compute the head."""
+    device_type = hidden.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        return hidden.to(dtype), head_weight.to(dtype)
+    return hidden, head_weight
 
 
 def _fused_loss_sum(hidden, head_weight, labels, chunk_size: int) -> torch.Tensor:

@@ -21,7 +21,7 @@ from src.models.language.qwen.deltanet import GatedDeltaNet, ShortConvolution, g
 from src.models.language.qwen.generation import Cache, generate
 from src.models.language.qwen.kernels import Kernels
 from src.models.language.qwen.layers import MLP, RMSNorm, ZeroCentredRMSNorm, rotary_tables
-from src.models.language.qwen.loss import TokenLoss, next_token_loss
+from src.models.language.qwen.loss import TokenLoss, label_logps, next_token_loss
 from src.models.language.qwen.moe import Experts, Router, SparseMoeBlock, load_balancing_loss
 from src.models.language.qwen.transformers_format.folders import (
     check_same_architecture,
@@ -165,6 +165,7 @@ class QwenLM(nn.Module):
         cu_seqlens: torch.Tensor | None = None,
         cache: Cache | None = None,
         labels: torch.Tensor | None = None,
+        per_label: bool = False,
     ) -> torch.Tensor | TokenLoss:
         """Logits [B, T, vocab] for input_ids [B, T], or with labels their TokenLoss.
 
@@ -177,6 +178,8 @@ class QwenLM(nn.Module):
         labels: [B, T] targets, already shifted (labels[t] follows position t), IGNORE_INDEX
             where nothing is supervised. Computed here, in the forward, so that FSDP has the
             head's weight gathered.
+        per_label: with labels, each label's log-probability [B, T] (0 where IGNORE_INDEX)
+            instead of their TokenLoss, for losses over whole responses (preference tuning).
         """
         if input_ids.ndim != 2:
             raise ValueError(f"input_ids must be [batch, length], got {list(input_ids.shape)}")
@@ -210,6 +213,8 @@ class QwenLM(nn.Module):
         hidden = self._norm(x)
         if labels is None:
             return self.lm_head(hidden)
+        if per_label:
+            return label_logps(hidden, self.lm_head.weight, labels, self.loss_chunk_size)
         return next_token_loss(hidden, self.lm_head.weight, labels, self.loss_chunk_size)
 
     def sparse_blocks(self) -> list[SparseMoeBlock]:

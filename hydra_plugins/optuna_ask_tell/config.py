@@ -42,9 +42,12 @@ class OptunaSweeperConf:
     pruner: Any = MISSING
     # minimize or maximize, or a list of them for a search of several objectives.
     direction: Any = "minimize"
-    # An SQLAlchemy URL; the default keeps the study beside the trials it ran.
+    # An SQLAlchemy URL (sqlite:///..., postgresql://...) or journal:///<path> (Optuna's journal
+    # file, src/utils/optuna_storage.py); the default keeps the study beside the trials it ran.
     storage: str | None = "sqlite:///${hydra.sweep.dir}/optuna.db"
     study_name: str | None = "search"
+    # The trials of the study in all: every launch that shares it stops asking once it holds
+    # this many, whichever launches asked them.
     n_trials: int = 20
     # Trials run at once: the size of each batch handed to the launcher.
     n_jobs: int = 1

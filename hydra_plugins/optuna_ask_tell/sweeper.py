@@ -6,7 +6,7 @@ SQLAlchemy<2, and the one for Optuna 4-5 comes with Hydra 1.4, a pre-release tha
 guide keeps out of production and that rejects `hydra.mode: MULTIRUN` in a group config such as
 conf/hparams_search/optuna.yaml. Ask/tell keeps it a short loop: ask for a batch of `n_jobs`
 trials, launch them as one batch of jobs numbered after their trials, tell the study how each
-ended.
+ended, until the study holds `n_trials` (every launch that shares it counts them).
 
 Only the glue to Hydra is here; the search space (src/run/search/space.py) and the study
 (src/run/search/study.py) are the project's, imported when a search starts, not each time
@@ -67,10 +67,11 @@ class OptunaSweeper(Sweeper):
         exit_in_one_line(self.search)(arguments)  # a bad search space: one line, no traceback
 
     def search(self, arguments: list[str]) -> None:
-        """Ask, launch and tell batch after batch, until n_trials or a batch fails too often."""
+        """Ask, launch and tell batches until the study holds n_trials or one fails too often."""
         from src.run.search.results import write_results
         from src.run.search.space import grid_space, param_lines, search_space
         from src.run.search.study import open_study, study_directions
+        from src.utils.optuna_storage import shown
 
         check_failure_rate(self.max_failure_rate)
         directions = study_directions(self.direction)
@@ -84,27 +85,35 @@ class OptunaSweeper(Sweeper):
         study = open_study(
             self.storage, self.study_name, directions, self.sampler, self.pruner, grid
         )
+        held = len(study.trials)
         log.info(
-            "Study %r in %s: %d trials so far, %d to run, %d at a time.",
-            study.study_name, self.storage, len(study.trials), n_trials, self.n_jobs,
+            "Study %r in %s: %d of its %d trials so far, %d at a time.",
+            study.study_name, shown(self.storage), held, n_trials, self.n_jobs,
         )  # fmt: skip
-        trials = TrialMaker(study, distributions, fixed, deletions, self.custom_search_space)
+        if held >= n_trials:
+            log.warning(
+                "Study %r already holds %d trials, hydra.sweeper.n_trials=%d: nothing to run "
+                "(raise n_trials to run more).",
+                study.study_name, held, n_trials,
+            )  # fmt: skip
+        trials = TrialMaker(
+            study, distributions, fixed, deletions, self.custom_search_space, n_trials
+        )
         try:
-            for size in batch_sizes(n_trials, self.n_jobs):
-                self.run_batch(trials, size)
+            while batch := trials.ask_batch(self.config, self.n_jobs):
+                self.run_batch(trials, batch)
         finally:
             write_results(study, Path(self.config.hydra.sweep.dir) / "optimization_results.yaml")
 
-    def run_batch(self, trials: "TrialMaker", size: int) -> None:
-        """Ask for `size` trials, run them, tell the study; stop when too many of them failed."""
+    def run_batch(self, trials: "TrialMaker", batch: list[Any]) -> None:
+        """Run the batch's trials, tell the study; stop when too many of them failed."""
         from optuna.trial import TrialState
 
         from src.run.search.study import FAIL_REASON, tell
         from src.utils.errors import UserFacingError
 
-        asked = [trials.ask(self.config) for _ in range(size)]
         failed = []
-        for run in consecutive_runs(asked):
+        for run in consecutive_runs(batch):
             overrides = [trials.overrides(trial) for trial in run]
             jobs = self.launcher.launch(overrides, initial_job_idx=run[0].number)
             for trial, job in zip(run, jobs, strict=True):
@@ -112,9 +121,9 @@ class OptunaSweeper(Sweeper):
                 log.info("Trial %d: %s, %s", trial.number, told.state.name, told.params)
                 if told.state == TrialState.FAIL:
                     failed.append(told)
-        if len(failed) / size > self.max_failure_rate:
+        if len(failed) / len(batch) > self.max_failure_rate:
             raise UserFacingError(
-                f"{len(failed)} of the {size} trials of the last batch failed, more than "
+                f"{len(failed)} of the {len(batch)} trials of the last batch failed, more than "
                 f"hydra.sweeper.max_failure_rate={self.max_failure_rate}, so the search stopped "
                 f"(trial {failed[0].number}: {failed[0].user_attrs.get(FAIL_REASON)}); raise "
                 f"max_failure_rate (up to 1.0) to go on past failures."
@@ -125,7 +134,8 @@ class TrialMaker:
     """Asks the study for trials of the search space, each with its overrides for the launcher.
 
     A trial samples the distributions, records the fixed values as user attributes (as Hydra's
-    Optuna sweeper does), then the `custom_search_space` function, if any, suggests more.
+    Optuna sweeper does), then the `custom_search_space` function, if any, suggests more. No
+    trial is asked once the study holds `n_trials`, whichever launches asked them.
     """
 
     def __init__(
@@ -135,18 +145,30 @@ class TrialMaker:
         fixed: dict[str, str],
         deletions: list[str],
         custom_search_space: str | None,
+        n_trials: int,
     ):
         self.study = study
         self.distributions = distributions
         self.fixed = fixed
         self.deletions = deletions
         self.extend = custom_function(custom_search_space) if custom_search_space else None
+        self.n_trials = n_trials
+
+    def ask_batch(self, config: DictConfig, size: int) -> list[Any]:
+        """Up to `size` new trials: fewer, or none, where the study reaches n_trials."""
+        batch: list[Any] = []
+        while len(batch) < size and (trial := self.ask(config)) is not None:
+            batch.append(trial)
+        return batch
 
     def ask(self, config: DictConfig) -> Any:
+        """A new trial, or None once the study holds n_trials."""
         from src.run.search.study import ask
         from src.utils.errors import ConfigError
 
-        trial = ask(self.study, self.distributions)
+        trial = ask(self.study, self.distributions, self.n_trials)
+        if trial is None:
+            return None
         for key, value in self.fixed.items():
             trial.set_user_attr(key, value)
         if self.extend is not None:
@@ -206,11 +228,6 @@ def grid_size(grid: dict[str, list[Any]]) -> int:
     for values in grid.values():
         size *= len(values)
     return size
-
-
-def batch_sizes(n_trials: int, n_jobs: int) -> list[int]:
-    """n_trials in batches of n_jobs, the last one smaller."""
-    return [min(n_jobs, n_trials - start) for start in range(0, n_trials, max(n_jobs, 1))]
 
 
 def consecutive_runs(trials: list[Any]) -> list[list[Any]]:

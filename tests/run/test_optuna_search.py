@@ -28,7 +28,6 @@ from optuna.trial import TrialState
 from hydra_plugins.optuna_ask_tell.config import PRUNERS, SAMPLERS
 from hydra_plugins.optuna_ask_tell.sweeper import (
     TrialMaker,
-    batch_sizes,
     check_failure_rate,
     check_pruning,
     consecutive_runs,
@@ -48,6 +47,7 @@ from src.run.search.study import (
     tell,
 )
 from src.utils.errors import ConfigError
+from src.utils.optuna_storage import open_storage
 from tests.helpers import FAST, run_train
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -295,7 +295,7 @@ def test_the_grid_sampler_runs_each_point_once_and_its_end_stops_nothing():
     grid = grid_space(distributions, arguments)
     study = open_study(None, "grid", ["minimize"], grid_sampler, NO_PRUNER, grid)
     for _ in range(6):
-        trial = ask(study, distributions)
+        trial = ask(study, distributions, n_trials=6)
         tell(study, trial, job_return(trial.params["x"] + trial.params["y"]))
 
     points = sorted((trial.params["x"], trial.params["y"]) for trial in study.trials)
@@ -339,12 +339,98 @@ def test_a_resumed_study_fails_the_trials_a_killed_sweep_left_running_and_no_oth
     }
     for owner in owners.values():
         study.ask(SPACE).set_user_attr(ASKED_BY, owner)
-    asked = ask(study, SPACE)
+    asked = ask(study, SPACE, n_trials=4)
     assert asked.user_attrs[ASKED_BY] == owners["alive here"]
 
     resumed = open_study(storage, "search", ["minimize"], random_sampler(0), NO_PRUNER)
     states = [trial.state for trial in resumed.trials]
     assert states == [TrialState.FAIL, *[TrialState.RUNNING] * 3]
+
+
+def test_launches_that_share_a_study_ask_n_trials_in_all(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    launches = [
+        open_study(storage, "search", ["minimize"], random_sampler(0), NO_PRUNER) for _ in "ab"
+    ]
+    asked = [ask(launches[index % 2], SPACE, n_trials=3) for index in range(5)]
+
+    assert [trial.number for trial in asked[:3]] == [0, 1, 2]
+    assert asked[3:] == [None, None], "a launch asked past the study's n_trials"
+    raised = ask(launches[0], SPACE, n_trials=4)
+    assert raised is not None
+    assert raised.number == 3, "a higher n_trials does not run the trials it adds"
+
+
+def test_a_trial_asked_at_the_same_moment_as_the_last_one_is_failed_unrun(tmp_path, monkeypatch):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    first, second = (
+        open_study(storage, "search", ["minimize"], random_sampler(0), NO_PRUNER) for _ in "ab"
+    )
+    counted = second.get_trials(deepcopy=False)  # both count the study's trials, then both ask
+    monkeypatch.setattr(second, "get_trials", lambda **_: counted)
+
+    assert ask(first, SPACE, n_trials=1) is not None
+    assert ask(second, SPACE, n_trials=1) is None
+    last, extra = first.get_trials()
+    assert (last.state, extra.state) == (TrialState.RUNNING, TrialState.FAIL)
+    assert "another launch asked for the last of" in extra.user_attrs[FAIL_REASON]
+
+
+def test_launches_that_share_a_study_and_its_seed_draw_different_values(tmp_path):
+    storage = f"sqlite:///{tmp_path}/s.db"
+    # Both open the study before either asks: they see the same history, and the same seed.
+    launches = [
+        open_study(storage, "search", ["minimize"], random_sampler(0), NO_PRUNER) for _ in "ab"
+    ]
+    drawn = [ask(launch, SPACE, n_trials=2).params["x"] for launch in launches]
+
+    assert drawn[0] != drawn[1], "two launches drew the same trial"
+    assert first_values(f"sqlite:///{tmp_path}/alone.db", 1) == drawn[:1], (
+        "the first launch did not draw what the same command draws alone"
+    )
+
+
+def test_a_journal_file_holds_the_study_its_folder_created_relative_to_the_working_dir(
+    tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    url = "journal:///nested/study.log"
+    study = open_study(url, "search", ["minimize"], random_sampler(0), NO_PRUNER)
+    tell(study, ask(study, SPACE, n_trials=1), job_return(0.5))
+
+    assert (tmp_path / "nested" / "study.log").is_file()
+    reread = optuna.load_study(study_name="search", storage=open_storage(url))
+    assert [trial.value for trial in reread.trials] == [0.5]
+    absolute = open_storage(f"journal:///{tmp_path}/other.log")  # journal:////tmp/...
+    assert absolute.get_all_studies() == []
+    assert (tmp_path / "other.log").is_file()
+
+
+@pytest.mark.parametrize("url", ["optuna.db", "foo://host/db", "postgresql://host:port/db"])
+def test_a_storage_url_that_names_no_storage_is_refused_in_one_line(url):
+    with pytest.raises(ConfigError, match="is no storage URL: give an SQLAlchemy URL"):
+        open_storage(url)
+
+
+def test_a_database_whose_driver_is_missing_names_the_package_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # importing it fails, as when missing
+    with pytest.raises(ConfigError, match="needs the database driver psycopg") as error:
+        open_storage("postgresql+psycopg://optuna:secret@db.example/optuna")
+    assert str(error.value).endswith('which is not installed: pip install "psycopg[binary]".')
+    assert "secret" not in str(error.value), "the password was shown"
+
+
+def test_a_database_server_that_does_not_answer_is_refused_with_what_to_check(tmp_path):
+    pytest.importorskip("psycopg")
+    url = f"postgresql+psycopg://optuna:secret@/optuna?host={tmp_path}"  # no server there
+    with pytest.raises(ConfigError, match="cannot be opened") as error:
+        open_storage(url)
+    message = str(error.value)
+    assert "No such file or directory" in message, message
+    assert message.endswith(
+        "check that the server runs and takes the URL's host, port, user, password and database."
+    ), message
+    assert "secret" not in message, "the password was shown"
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # QMCSampler
@@ -381,7 +467,7 @@ def suggest_z_near_x(cfg, trial):
 
 def test_a_custom_search_space_suggests_more_parameters_after_the_sampled_and_fixed_ones():
     study = open_study(None, None, ["minimize"], random_sampler(0), NO_PRUNER)
-    maker = TrialMaker(study, SPACE, {"y": "3"}, ["~w"], f"{__name__}.suggest_z_near_x")
+    maker = TrialMaker(study, SPACE, {"y": "3"}, ["~w"], f"{__name__}.suggest_z_near_x", 1)
     trial = maker.ask(OmegaConf.create({"spread": 0.1}))
 
     assert abs(trial.params["z"] - trial.params["x"]) <= 0.1
@@ -396,7 +482,7 @@ def test_a_custom_search_space_suggests_more_parameters_after_the_sampled_and_fi
 
 def test_a_custom_search_space_that_suggests_a_fixed_parameter_is_refused():
     study = open_study(None, None, ["minimize"], random_sampler(0), NO_PRUNER)
-    maker = TrialMaker(study, SPACE, {"z": "0.5"}, [], f"{__name__}.suggest_z_near_x")
+    maker = TrialMaker(study, SPACE, {"z": "0.5"}, [], f"{__name__}.suggest_z_near_x", 1)
     with pytest.raises(ConfigError, match=r"suggests \['z'\], which the command line"):
         maker.ask(OmegaConf.create({"spread": 0.1}))
 
@@ -423,9 +509,15 @@ def test_a_failure_rate_outside_0_to_1_is_refused(rate):
 # -- the sweeper's batches and the launcher's GPUs ----------------------------------------------
 
 
-def test_trials_are_asked_in_batches_of_n_jobs():
-    assert batch_sizes(5, 2) == [2, 2, 1]
-    assert batch_sizes(3, 1) == [1, 1, 1]
+def test_trials_are_asked_in_batches_of_n_jobs_until_the_study_holds_n_trials():
+    study = open_study(None, None, ["minimize"], random_sampler(0), NO_PRUNER)
+    maker = TrialMaker(study, SPACE, {}, [], None, n_trials=5)
+    sizes = []
+    while batch := maker.ask_batch(OmegaConf.create(), 2):
+        sizes.append(len(batch))
+        for trial in batch:
+            tell(study, trial, job_return(0.5))
+    assert sizes == [2, 2, 1]
 
 
 def test_trials_whose_numbers_another_process_took_between_are_launched_apart():
@@ -490,11 +582,11 @@ def search(sweep_dir, *overrides: str, storage=None, check=True) -> optuna.Study
 
 
 @pytest.mark.slow
-def test_a_search_resumes_its_study_for_n_trials_more_without_repeating_trials(tmp_path):
+def test_a_search_resumed_with_a_higher_n_trials_runs_the_rest_without_repeating_trials(tmp_path):
     storage = f"sqlite:///{tmp_path}/study.db"
     no_pruning = "hydra/sweeper/pruner=none"
     search(tmp_path / "first", "hydra.sweeper.n_trials=4", no_pruning, storage=storage)
-    study = search(tmp_path / "resumed", "hydra.sweeper.n_trials=2", no_pruning, storage=storage)
+    study = search(tmp_path / "resumed", "hydra.sweeper.n_trials=6", no_pruning, storage=storage)
 
     assert [trial.number for trial in study.trials] == list(range(6))
     assert [trial.state for trial in study.trials] == [TrialState.COMPLETE] * 6

@@ -111,13 +111,15 @@ def test_a_pruned_trial_is_never_the_best_job():
     assert SweepSummary(metric="val/acc_best").best_job(rows) == "1"
 
 
-def write_sweep(sweep_dir, jobs: dict[str, tuple[list[str], dict]]) -> None:
-    """A finished sweep: each job's overrides and metrics.json, as a multirun leaves them."""
+def write_sweep(sweep_dir, jobs: dict[str, tuple[list[str], dict | None]]) -> None:
+    """A sweep: each job's overrides and, once it ended, its metrics.json, as a multirun leaves
+    them."""
     for job, (overrides, metrics) in jobs.items():
         (sweep_dir / job / ".hydra").mkdir(parents=True)
         OmegaConf.save(OmegaConf.create(overrides), sweep_dir / job / ".hydra" / "overrides.yaml")
-        record = {"metrics": metrics, "wall_time_s": 1.0}
-        (sweep_dir / job / METRICS_FILE).write_text(json.dumps(record))
+        if metrics is not None:
+            record = {"metrics": metrics, "wall_time_s": 1.0}
+            (sweep_dir / job / METRICS_FILE).write_text(json.dumps(record))
 
 
 def test_a_sweep_of_two_metrics_marks_and_plots_its_pareto_front(tmp_path):
@@ -139,6 +141,26 @@ def test_a_sweep_of_two_metrics_marks_and_plots_its_pareto_front(tmp_path):
     assert marked == ["| 0 (Pareto)", "| 1 (Pareto)", "| 3 (Pareto)"]
     assert "(best)" not in text
     assert (tmp_path / "summary.png").is_file(), "the Pareto front was not plotted"
+
+
+def test_a_trial_another_launch_still_runs_is_listed_as_running_and_fails_nothing(tmp_path):
+    # Two launches share the study and the sweep directory: this one ended, the other still runs
+    # trial 1, whose job has no metrics.json yet.
+    write_sweep(tmp_path, {"0": (["lr=0.1"], {"val/acc": 0.9}), "1": (["lr=0.2"], None)})
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    study = optuna.create_study(storage=storage, study_name="search", direction="maximize")
+    study.tell(study.ask(), 0.9)
+    study.ask()
+
+    summary = SweepSummary(metric="val/acc", storage=storage, study_name="search")
+    summary.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}}))
+
+    with (tmp_path / "summary.csv").open() as file:
+        rows = list(csv.DictReader(file))
+    assert [(row["status"], row["state"]) for row in rows] == [
+        ("ok", "COMPLETE"),
+        ("running", "RUNNING"),
+    ]
 
 
 def test_the_pareto_front_keeps_every_point_no_other_beats_everywhere():

@@ -11,12 +11,13 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 
 from src.callbacks.training.optuna_marks import PRUNED_AT_STEP
 from src.utils.errors import ConfigError
+from src.utils.optuna_storage import open_storage
 
 log = logging.getLogger(__name__)
 
 
 class OptunaPruning(Callback):
-    """Pruning for one trial of a study kept in a database (`storage`, an SQLAlchemy URL).
+    """Pruning for one trial of a study kept in a database or journal file (`storage`, its URL).
 
     The step of each report is the number of validations so far, not the epoch or the global
     step: trials with different batch sizes or validation intervals are then compared at the
@@ -93,7 +94,7 @@ def load_trial(
     storage_url: str, study_name: str, number: int, pruner: optuna.pruners.BasePruner
 ) -> optuna.Trial:
     """Trial `number` of the study, with the pruner the sweeper configured for it."""
-    storage = optuna.storages.RDBStorage(storage_url)
+    storage = open_storage(storage_url)
     study = optuna.load_study(study_name=study_name, storage=storage, pruner=pruner)
     study_id = storage.get_study_id_from_name(study_name)
     return optuna.Trial(study, storage.get_trial_id_from_study_id_trial_number(study_id, number))

@@ -13,6 +13,8 @@ from omegaconf import OmegaConf
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
+from src.utils.optuna_storage import open_storage
+
 log = logging.getLogger(__name__)
 
 # With fewer complete trials, the importance of each parameter is mostly noise.
@@ -53,7 +55,7 @@ def load_study_report(
     `objectives` (one per objective of the study) and empty below MIN_TRIALS_FOR_IMPORTANCE
     complete trials.
     """
-    study = optuna.load_study(study_name=study_name, storage=storage)
+    study = optuna.load_study(study_name=study_name, storage=open_storage(storage))
     trials = study.get_trials(deepcopy=False)
     states = {trial.number: trial.state.name for trial in trials}
     complete = sum(trial.state == TrialState.COMPLETE for trial in trials)

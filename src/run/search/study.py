@@ -1,7 +1,7 @@
 """Keep the Optuna study of a hyperparameter search.
 
-It is opened or resumed with a seeded sampler, asked for trials and told how each trial's job
-ended.
+It is opened or resumed with a seeded sampler, asked for trials up to the study's total and
+told how each trial's job ended; launches on one or many machines can share it.
 """
 
 import functools
@@ -17,18 +17,20 @@ import optuna
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.utils import instantiate
 from omegaconf import DictConfig
+from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy.engine import make_url
 
 from src.callbacks.training.optuna_marks import PRUNED_AT_STEP
+from src.run.search.seeding import SeededAtFirstTrial
 from src.utils.error_boundary import one_line, read_job_error
 from src.utils.errors import ConfigError
 from src.utils.files import is_alive
+from src.utils.optuna_storage import open_storage, shown
 
 log = logging.getLogger(__name__)
 
 # The user attribute naming the process that asked a trial, {"host": ..., "pid": ...}: a resumed
-# search tells a trial left RUNNING by a killed sweep from one another launch is running now.
+# search tells a trial left RUNNING by a killed launch from one another launch is running now.
 ASKED_BY = "asked_by"
 # The user attribute of a failed trial that says why, in one line.
 FAIL_REASON = "fail_reason"
@@ -57,14 +59,13 @@ def open_study(
 ) -> optuna.Study:
     """The study `study_name` in `storage`, created when it does not exist yet.
 
-    The sampler's seed is offset by the number of trials the study already holds: a resumed
-    search draws new values instead of repeating the first run's, and the same command on the
-    same study still draws the same ones. `grid` is the search space of a partial sampler (the
-    grid sampler's).
+    `storage` is a URL (src/utils/optuna_storage.py), or None for a study in memory. The trials
+    a killed launch on this machine left running are marked failed. A seeded sampler is seeded
+    at this launch's first trial (src/run/search/seeding.py). `grid` is the search space of a
+    partial sampler (the grid sampler's).
     """
-    make_sqlite_folder(storage)
     study = optuna.create_study(
-        storage=storage,
+        storage=None if storage is None else open_storage(storage),
         study_name=study_name,
         directions=cast(list[Literal["minimize", "maximize"]], directions),
         pruner=instantiate(pruner),
@@ -73,26 +74,50 @@ def open_study(
     created = [direction.name.lower() for direction in study.directions]
     if created != directions:
         raise ConfigError(
-            f"hydra.sweeper.direction={directions}, but the study {study_name!r} in {storage} "
-            f"was created to {created}: keep its direction or choose another "
+            f"hydra.sweeper.direction={directions}, but the study {study_name!r} in "
+            f"{shown(storage)} was created to {created}: keep its direction or choose another "
             f"hydra.sweeper.study_name."
         )
-    seed = sampler.get("seed")
-    built = instantiate(sampler, **({} if seed is None else {"seed": seed + len(study.trials)}))
-    study.sampler = built(grid) if isinstance(built, functools.partial) else built
     fail_orphaned_trials(study)
+    study.sampler = build_sampler(sampler, grid)
     return study
 
 
-def ask(study: optuna.Study, distributions: dict) -> optuna.Trial:
-    """A new trial of `study`, recording which process on which machine asked it."""
+def build_sampler(config: DictConfig, grid: dict[str, list[Any]] | None) -> BaseSampler:
+    """The sampler `config` names, seeded at the launch's first trial when it has a seed."""
+
+    def build(seed: int | None) -> BaseSampler:
+        built = instantiate(config, **({} if seed is None else {"seed": seed}))
+        return built(grid) if isinstance(built, functools.partial) else built
+
+    seed = config.get("seed")
+    return build(None) if seed is None else SeededAtFirstTrial(build, seed)
+
+
+def ask(study: optuna.Study, distributions: dict, n_trials: int) -> optuna.Trial | None:
+    """A new trial of `study`, recording which process on which machine asked it.
+
+    None once the study holds `n_trials` trials, whichever launches asked them. Two launches
+    that ask for the last one at the same moment both get a trial, numbered one after the other
+    by the storage: the one numbered `n_trials` or more is marked failed at once and never runs.
+    """
+    if len(study.get_trials(deepcopy=False)) >= n_trials:
+        return None
     trial = study.ask(distributions)
     trial.set_user_attr(ASKED_BY, {"host": socket.gethostname(), "pid": os.getpid()})
-    return trial
+    if trial.number < n_trials:
+        return trial
+    fail(
+        study,
+        trial,
+        f"not run: another launch asked for the last of the study's "
+        f"hydra.sweeper.n_trials={n_trials} trials at the same moment",
+    )
+    return None
 
 
 def fail_orphaned_trials(study: optuna.Study) -> list[int]:
-    """Mark failed the trials that a sweep killed on this machine left RUNNING.
+    """Mark failed the trials that a launch killed on this machine left RUNNING.
 
     Returns their numbers. A trial asked by a process still alive, or on another machine, is
     left alone: another launch sharing the study may be running it.
@@ -105,21 +130,12 @@ def fail_orphaned_trials(study: optuna.Study) -> list[int]:
             orphans.append(trial.number)
     if orphans:
         log.warning(
-            "Trials %s of study %r were left running by a sweep that was stopped (its process "
+            "Trials %s of study %r were left running by a launch that was stopped (its process "
             "is gone): marked failed.",
             ", ".join(map(str, orphans)),
             study.study_name,
         )
     return orphans
-
-
-def make_sqlite_folder(storage: str | None) -> None:
-    """SQLite creates a database file, not the folders above it."""
-    if storage is None:
-        return
-    url = make_url(storage)
-    if url.get_backend_name() == "sqlite" and url.database not in (None, "", ":memory:"):
-        Path(url.database).parent.mkdir(parents=True, exist_ok=True)
 
 
 def tell(study: optuna.Study, trial: optuna.Trial, job: JobReturn) -> FrozenTrial:

@@ -39,8 +39,9 @@ class SweepSummary(Callback):
     - `mode`: "max" or "min" ("maximize"/"minimize" too, so that it can follow Optuna's
       sweeper), or a list of them, one per metric.
     - `storage` and `study_name` of an Optuna search, whose job numbers are its trial numbers:
-      each job also gets its trial's state (a pruned trial is never the best), and the summary
-      the importance of each parameter.
+      each job also gets its trial's state (a pruned trial is never the best; one still running,
+      in another launch that shares the study and the sweep directory, has not failed), and the
+      summary the importance of each parameter.
     """
 
     def __init__(
@@ -78,6 +79,8 @@ class SweepSummary(Callback):
             states, importances = load_study_report(self.storage, self.study_name, objectives)
             for row in rows:
                 row["state"] = states.get(int(row["job"])) if row["job"].isdigit() else None
+                if row["state"] == "RUNNING":  # in another launch that shares the study
+                    row["status"] = "running"
         write_csv(rows, sweep_dir / "summary.csv")
         marked = self.marked_jobs(rows)
         headline = self.headline(marked)
@@ -90,7 +93,7 @@ class SweepSummary(Callback):
         text += importance_table(importances)
         (sweep_dir / "summary.md").write_text(text)
         log.info("Sweep summary: %s (%s)", sweep_dir / "summary.md", headline or "no metric")
-        failed = [row["job"] for row in rows if row["status"] != "ok"]
+        failed = [row["job"] for row in rows if row["status"] not in ("ok", "running")]
         if failed:
             raise SystemExit(
                 f"Error: {len(failed)} of {len(rows)} jobs of the sweep failed (job "

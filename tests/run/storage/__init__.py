@@ -1,0 +1,1 @@
+"""Studies shared by launches through a database server or a journal file."""

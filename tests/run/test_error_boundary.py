@@ -65,8 +65,8 @@ def test_a_user_who_asks_for_the_traceback_gets_it(tmp_path, asked, env):
 
 @pytest.mark.parametrize("asked", [False, True])
 def test_hydras_own_refusal_is_one_line_unless_the_user_asks_for_the_traceback(tmp_path, asked):
-    env = {**os.environ, "HYDRA_FULL_ERROR": "1"} if asked else None
-    result = run_train(["model=resnet9000"], tmp_path, check=False, env=env)
+    options = {"env": {**os.environ, "HYDRA_FULL_ERROR": "1"}} if asked else {}
+    result = run_train(["model=resnet9000"], tmp_path, check=False, **options)
 
     assert result.returncode == 1, result.stderr[-3000:]
     assert ("Traceback" in result.stderr) == asked, result.stderr[-3000:]

@@ -17,6 +17,9 @@ from omegaconf import DictConfig, open_dict
 
 from src.utils.errors import ConfigError
 
+# The optimizer's keys that set its learning rate's scaling, taken out before it is built.
+LR_SCALING_KEYS = ("scale_lr", "reference_batch_size")
+
 log = logging.getLogger(__name__)
 
 RULES = {"linear": lambda ratio: ratio, "sqrt": math.sqrt}
@@ -57,8 +60,7 @@ def apply_lr_scaling(cfg: DictConfig) -> None:
     if not cfg.get("optimizer"):
         return
     with open_dict(cfg.optimizer):
-        rule = cfg.optimizer.pop("scale_lr", None)
-        reference = cfg.optimizer.pop("reference_batch_size", None)
+        rule, reference = (cfg.optimizer.pop(key, None) for key in LR_SCALING_KEYS)
     if rule is None:
         return
     if rule not in RULES:

@@ -31,6 +31,9 @@ ERROR_FILE = "error.json"
 # Whether the user asked for tracebacks (their HYDRA_FULL_ERROR), where an entry point set
 # HYDRA_FULL_ERROR=1 itself so that Hydra raises its errors (src/run/config/composition_errors.py).
 TRACEBACKS_ASKED = "PROJECT_FULL_ERROR"
+# Set on an exception a task's config asked to see whole (extras.quiet=false), which Hydra
+# raises on to the entry point, whose boundary cannot read that config.
+TRACEBACK_SHOWN = "_show_traceback"
 
 
 def exit_in_one_line(main: Callable) -> Callable:
@@ -41,7 +44,7 @@ def exit_in_one_line(main: Callable) -> Callable:
         try:
             return main(*args, **kwargs)
         except Exception as error:
-            if _show_traceback(args):
+            if _show_traceback(args) or getattr(error, TRACEBACK_SHOWN, False):
                 raise
             raise _one_line_exit(error) from None
 
@@ -61,6 +64,7 @@ def end_job_in_one_line(task: Callable) -> Callable:
             return task(*args, **kwargs)
         except Exception as error:
             if _show_traceback(args):
+                setattr(error, TRACEBACK_SHOWN, True)  # for the entry point's own boundary
                 raise
             if _in_multirun() and not first_cause(error, LaunchError):
                 record_job_failure(error)

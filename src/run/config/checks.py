@@ -21,6 +21,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, DictKeyType, ListConfig, OmegaConf
 
+from src.run.lr_scaling import LR_SCALING_KEYS
 from src.utils.errors import ConfigError
 
 
@@ -243,8 +244,11 @@ def _check_known_arguments(node: DictConfig, path: str, target: Any) -> None:
         return
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
         return
+    project_keys = LR_SCALING_KEYS if path.split(".")[-1] == "optimizer" else ()
     for key in node:
         if isinstance(key, str) and not key.startswith("_") and key not in parameters:
+            if key in project_keys:  # read by src/run/lr_scaling.py, never passed on
+                continue
             close = difflib.get_close_matches(key, list(parameters), n=1, cutoff=0.6)
             hint = f"did you mean {path}.{close[0]}?" if close else f"remove it (~{path}.{key})."
             raise ConfigError(

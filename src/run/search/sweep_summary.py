@@ -67,19 +67,24 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         """Write the summary; then, if any job failed, end the sweep with exit status 1."""
         sweep_dir = Path(config.hydra.sweep.dir)
-        rows, params = collect_jobs(sweep_dir)
-        if not rows:
-            log.warning("No job of the sweep in %s started.", sweep_dir)
-            return
+        states: dict[int, str] | None = None
         importances: dict[str, dict[str, float]] = {}
         if self.storage and self.study_name:
             from src.run.search.results import load_study_report  # optuna: searches only
 
+            # The trials' states before the jobs' folders: a trial another launch finishes in
+            # between is then read as running, never as a job without its metrics.
             objectives = self.metrics or ["value"]
             states, importances = load_study_report(self.storage, self.study_name, objectives)
+        rows, params = collect_jobs(sweep_dir)
+        if not rows:
+            log.warning("No job of the sweep in %s started.", sweep_dir)
+            return
+        if states is not None:
             for row in rows:
                 row["state"] = states.get(int(row["job"])) if row["job"].isdigit() else None
-                if row["state"] == "RUNNING":  # in another launch that shares the study
+                # RUNNING, or asked since: in another launch that shares the study.
+                if row["state"] in ("RUNNING", None) and row["status"] != "ok":
                     row["status"] = "running"
         write_csv(rows, sweep_dir / "summary.csv")
         marked = self.marked_jobs(rows)

@@ -7,7 +7,10 @@
     python scripts/bench_lm.py --models dense --vocab-size 151936 --hidden-size 256 --layers 2 \
         --batch-size 2 --seq-len 2048 --memory            # Qwen3's vocabulary: peak memory too
     python scripts/bench_lm.py --finetune --models qwen3_0_6b --batch-size 1 --seq-len 512
-                                                      # full vs LoRA, activation checkpointing
+                                                      # full vs LoRA vs QLoRA, act. checkpointing
+    python scripts/bench_lm.py --finetune --models qwen3_0_6b --batch-size 1 --seq-len 512 \
+        --variants lora qlora                         # LoRA against QLoRA alone
+    python scripts/bench_lm.py --rollouts             # GRPO rollouts vs transformers' generate
 
 For each model (dense, hybrid) and precision (fp32, bf16-mixed via torch.autocast), both
 implementations get the same config, weights (QwenLM is saved with save_pretrained and loaded by
@@ -23,13 +26,19 @@ QwenLM.flops_per_token against the device's peak per precision: a GPU's dense da
 probe, run here.
 `--memory` adds each implementation's peak memory over two training steps, each in a fresh
 process: its peak resident memory on a CPU, the most CUDA memory it allocated on a GPU.
-`--finetune` trains QwenLM alone instead, four ways, each in its own process: every weight
-(full fine-tuning) or LoRA r=16 adapters on the frozen base, each with activation checkpointing
-off and on; it reports trainable parameters, peak memory, the median step and MFU (counting
-full training's FLOPs for every variant: LoRA skips the base's weight gradients).
+`--finetune` trains QwenLM alone instead, six ways, each in its own process: every weight
+(full fine-tuning), LoRA r=16 adapters on the frozen base, or QLoRA (the same adapters on the
+base's linear weights stored as NF4, the rest of the base in bf16, `adapter=qlora`), each with
+activation checkpointing off and on (`--variants` picks some); it reports trainable parameters,
+the model's bytes as stored (metrics.json's `model/parameter_bytes`), peak memory over the
+training steps (the peak is reset once the model is built, so that loading a base in fp32
+before quantising it is not counted), the median step and MFU (counting full training's FLOPs
+for every variant: LoRA skips the base's weight gradients).
 """
 
 import argparse
+import ctypes
+import gc
 import json
 import resource
 import statistics
@@ -51,10 +60,12 @@ from benchmarks import (
 )
 
 from src.callbacks.measurement.peak_flops import gpu_peak_flops, measure_matmul_flops, synchronize
-from src.models.language.lora.adapter import attach_lora
+from src.models.language.adapters import build_adapter
+from src.models.language.lora.quantization import Quantization
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.utils.contracts import IGNORE_INDEX
 from src.utils.error_boundary import exit_in_one_line
+from src.utils.tensor_bytes import module_bytes
 from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
 
 # Short names for the tiny configs; `--models` also takes any conf/model/<name>.yaml of the LM.
@@ -66,16 +77,22 @@ COLUMNS = (
     "ours MFU", "transformers MFU", "cold start ours / transformers", "max abs Δ logits",
     "rel Δ loss",
 )  # fmt: skip
-# --finetune: (LoRA, activation checkpointing) per variant, and the adapters' settings.
-FINETUNE_VARIANTS = {
-    "full": (False, False),
-    "full, activation checkpointing": (False, True),
-    "LoRA r=16": (True, False),
-    "LoRA r=16, activation checkpointing": (True, True),
-}
+# --finetune: the adapter's values (none: full fine-tuning) per variant, and its name for
+# --variants; each runs with activation checkpointing off and on.
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
-FINETUNE_COLUMNS = ("model", "precision", "variant", "trainable params", "peak memory", "step",
-                    "tok/s", "MFU", "cold start")  # fmt: skip
+QLORA = {**LORA, "quantization": Quantization().to_dict()}  # NF4, bf16: conf/adapter/qlora.yaml
+ADAPTERS = {
+    "full": ("full", None),
+    "lora": ("LoRA r=16", LORA),
+    "qlora": ("QLoRA r=16 (NF4, bf16)", QLORA),
+}
+FINETUNE_VARIANTS = {
+    f"{label}{', activation checkpointing' if checkpointed else ''}": (name, values, checkpointed)
+    for name, (label, values) in ADAPTERS.items()
+    for checkpointed in (False, True)
+}
+FINETUNE_COLUMNS = ("model", "precision", "variant", "trainable params", "parameter bytes",
+                    "peak memory", "step", "tok/s", "MFU", "cold start")  # fmt: skip
 MEMORY_COLUMNS = ("ours peak memory", "transformers peak memory", "memory ratio")
 # --vocab-size, --hidden-size, --layers: the config keys they resize.
 RESIZING = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "layers": "num_hidden_layers"}
@@ -109,7 +126,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--finetune",
         action="store_true",
-        help="instead: full fine-tuning vs LoRA r=16, activation checkpointing on and off",
+        help="instead: full fine-tuning vs LoRA vs QLoRA r=16, activation checkpointing on and off",
+    )
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        choices=list(ADAPTERS),
+        default=list(ADAPTERS),
+        help="--finetune: which of them (each with activation checkpointing off and on)",
     )
     parser.add_argument("--output", type=Path, help="write the Markdown table there too")
     parser.add_argument("--profile", action="store_true", help="print each one's costliest ops")
@@ -225,6 +249,19 @@ def child_args(options: str) -> argparse.Namespace:
     return args
 
 
+def reset_peak(device: torch.device) -> None:
+    """Start `peak_bytes` afresh from what this process holds now."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    gc.collect()
+    try:  # hand freed heap memory back, then reset VmHWM to the resident size (Linux 4.0+)
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # not glibc / Linux: the peak counts from the process's start
+
+
 def peak_bytes(device: torch.device) -> int:
     """This process's peak memory so far: CUDA memory allocated, or resident memory on a CPU."""
     if device.type == "cuda":
@@ -259,20 +296,21 @@ def finetune_here(folder: str, variant: str, precision: str, options: str) -> No
     """`finetune`'s child: one FINETUNE_VARIANTS variant of QwenLM from `folder`, trained on one
     batch: the first step (cold), one warm-up, then `repeats` rounds of `steps` steps."""
     args = child_args(options)
-    lora, checkpointed = FINETUNE_VARIANTS[variant]
+    _, adapter, checkpointed = FINETUNE_VARIANTS[variant]
     net = QwenLM.from_pretrained(folder)
     for layer in net.model.layers:
         layer.checkpointed = checkpointed
-    if lora:
-        attach_lora(net, LORA, folder)
+    build_adapter(net, adapter, folder)
     runner = Runner(net.to(args.device), batch_of(net.config.vocab_size, args),
                     precision == "bf16-mixed", calls_transformers=False)  # fmt: skip
+    reset_peak(args.device)
     cold = runner.timed(1)
     runner.timed(1)
     rounds = [runner.timed(args.steps) / args.steps for _ in range(args.repeats)]
     trainable = sum(p.numel() for p in net.parameters() if p.requires_grad)
     result = {"cold_s": cold, "step_s": statistics.median(rounds), "trainable": trainable}
-    print(json.dumps({**result, "peak_bytes": peak_bytes(args.device)}))
+    stored = {"parameter_bytes": module_bytes(net), "parameters": net.num_parameters()}
+    print(json.dumps({**result, **stored, "peak_bytes": peak_bytes(args.device)}))
 
 
 def finetune(kind: str, precision: str, args, peaks) -> list[dict[str, str]]:
@@ -287,13 +325,16 @@ def finetune(kind: str, precision: str, args, peaks) -> list[dict[str, str]]:
         flops = net.flops_per_token(args.seq_len)  # full training's, whatever trains
         net.save_pretrained(folder)
         del net
-        for variant in FINETUNE_VARIANTS:
+        chosen = [v for v, (name, *_) in FINETUNE_VARIANTS.items() if name in args.variants]
+        for variant in chosen:
             call = f"finetune_here({folder!r}, {variant!r}, {precision!r}, {child_options(args)!r})"
             result = in_fresh_process("bench_lm", call)
             tokens = args.batch_size * args.seq_len
             rows.append({
                 "model": kind, "precision": precision, "variant": variant,
                 "trainable params": f"{result['trainable'] / 1e6:,.2f}M",
+                "parameter bytes": f"{result['parameter_bytes'] / 2**20:,.0f} MiB "
+                f"({result['parameter_bytes'] / result['parameters']:.2f} B/param)",
                 "peak memory": f"{result['peak_bytes'] / 2**30:.2f} GiB",
                 "step": f"{result['step_s']:.2f} s", "tok/s": f"{tokens / result['step_s']:,.0f}",
                 "MFU": f"{tokens / result['step_s'] * flops / peak:.1%}",
@@ -406,4 +447,10 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
 
 
 if __name__ == "__main__":
-    exit_in_one_line(main)()
+    if "--rollouts" in sys.argv:  # GRPO's sampling against transformers' generate
+        from bench_rollouts import main as rollouts
+
+        sys.argv.remove("--rollouts")
+        exit_in_one_line(rollouts)()
+    else:
+        exit_in_one_line(main)()

@@ -284,6 +284,15 @@ def assert_same_tensors(expected, actual, where=""):
 
 # -- runs stopped and resumed ------------------------------------------------------------------
 
+# A run that can resume at any step, bit for bit: deterministic, a last.ckpt after every step,
+# and no test after fitting.
+RESUMABLE_EVERY_STEP = [
+    "trainer.deterministic=true",
+    "callbacks.last_checkpoint.every_n_train_steps=1",
+    "callbacks.last_checkpoint.every_n_epochs=null",
+    "test=false",
+]
+
 
 def final_state(run_dir):
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)
@@ -307,3 +316,19 @@ def killed_run(run: list[str], run_dir, kill_step: int):
     killed = run_train([*run, *killer], run_dir, check=False)
     assert killed.returncode == -9, killed.stderr[-2000:]
     return run_dir / "checkpoints" / "last.ckpt"
+
+
+def assert_resumes_exactly(run: list[str], folder: Path, kill_step: int) -> dict:
+    """`run` trained whole (in `folder/whole`) and killed at the end of step `kill_step`, then
+    resumed from its last.ckpt (in `folder/killed`), end with the same step, weights, optimizer
+    states and metrics. Returns the resumed run's last checkpoint."""
+    expected_checkpoint, expected_metrics = trained_state(run, folder / "whole")
+    last = killed_run(run, folder / "killed", kill_step)
+    checkpoint, metrics = trained_state(run, folder / "killed", f"ckpt_path={last}")
+    assert checkpoint["global_step"] == expected_checkpoint["global_step"]
+    assert_same_tensors(expected_checkpoint["state_dict"], checkpoint["state_dict"], "weights")
+    assert_same_tensors(
+        expected_checkpoint["optimizer_states"], checkpoint["optimizer_states"], "optimizer"
+    )
+    assert metrics == expected_metrics
+    return checkpoint

@@ -53,6 +53,10 @@ class OptunaSweeperConf:
     n_jobs: int = 1
     # The share of a batch's trials that may fail; more stops the search with an error.
     max_failure_rate: float = 0.0
+    # Seconds between the heartbeats this launch records for its running trials (a database
+    # storage only): a launch killed on another machine leaves trials whose heartbeat stops,
+    # which any launch then marks failed after 2 intervals. null: no heartbeats.
+    heartbeat_interval: int | None = 60
     # key: value in Hydra's sweep syntax; command-line overrides are added to (and win over) them.
     params: dict[str, str] | None = None
     # A function `(cfg, trial) -> None` (its dotted path) that suggests more parameters.

@@ -40,6 +40,7 @@ class OptunaSweeper(Sweeper):
         params: DictConfig | None,
         custom_search_space: str | None = None,
         search_space: DictConfig | None = None,
+        heartbeat_interval: int | None = None,
     ):
         self.sampler = sampler
         self.pruner = pruner
@@ -52,6 +53,7 @@ class OptunaSweeper(Sweeper):
         self.params = params
         self.custom_search_space = custom_search_space
         self.search_space = search_space
+        self.heartbeat_interval = heartbeat_interval
 
     def setup(
         self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig
@@ -70,10 +72,11 @@ class OptunaSweeper(Sweeper):
         """Ask, launch and tell batches until the study holds n_trials or one fails too often."""
         from src.run.search.results import write_results
         from src.run.search.space import grid_space, param_lines, search_space
-        from src.run.search.study import open_study, study_directions
+        from src.run.search.study import fail_orphaned_trials, open_study, study_directions
         from src.utils.optuna_storage import shown
 
         check_failure_rate(self.max_failure_rate)
+        check_counts(self.n_jobs, self.heartbeat_interval)
         directions = study_directions(self.direction)
         check_pruning(directions, self.pruner)
         distributions, fixed, deletions = search_space(self.params, arguments, self.search_space)
@@ -83,7 +86,13 @@ class OptunaSweeper(Sweeper):
             n_trials = min(n_trials, grid_size(grid))
             log.info("The grid holds %d points: %d trials.", grid_size(grid), n_trials)
         study = open_study(
-            self.storage, self.study_name, directions, self.sampler, self.pruner, grid
+            self.storage,
+            self.study_name,
+            directions,
+            self.sampler,
+            self.pruner,
+            grid,
+            self.heartbeat_interval,
         )
         held = len(study.trials)
         log.info(
@@ -102,6 +111,7 @@ class OptunaSweeper(Sweeper):
         try:
             while batch := trials.ask_batch(self.config, self.n_jobs):
                 self.run_batch(trials, batch)
+                fail_orphaned_trials(study)  # another launch's, whose heartbeat stopped
         finally:
             write_results(study, Path(self.config.hydra.sweep.dir) / "optimization_results.yaml")
 
@@ -109,13 +119,15 @@ class OptunaSweeper(Sweeper):
         """Run the batch's trials, tell the study; stop when too many of them failed."""
         from optuna.trial import TrialState
 
+        from src.run.search.heartbeat import heartbeats
         from src.run.search.study import FAIL_REASON, tell
         from src.utils.errors import UserFacingError
 
         failed = []
         for run in consecutive_runs(batch):
             overrides = [trials.overrides(trial) for trial in run]
-            jobs = self.launcher.launch(overrides, initial_job_idx=run[0].number)
+            with heartbeats(trials.study, run):
+                jobs = self.launcher.launch(overrides, initial_job_idx=run[0].number)
             for trial, job in zip(run, jobs, strict=True):
                 told = tell(trials.study, trial, job)
                 log.info("Trial %d: %s, %s", trial.number, told.state.name, told.params)
@@ -220,6 +232,20 @@ def check_failure_rate(rate: float) -> None:
         raise ConfigError(
             f"hydra.sweeper.max_failure_rate={rate}: it is the share of a batch's trials that "
             f"may fail, from 0.0 (none) to 1.0 (all)."
+        )
+
+
+def check_counts(n_jobs: int, heartbeat_interval: int | None) -> None:
+    from src.utils.errors import ConfigError
+
+    if n_jobs < 1:
+        raise ConfigError(
+            f"hydra.sweeper.n_jobs={n_jobs}: it is how many trials run at once, 1 or more."
+        )
+    if heartbeat_interval is not None and heartbeat_interval < 1:
+        raise ConfigError(
+            f"hydra.sweeper.heartbeat_interval={heartbeat_interval}: give the seconds between "
+            f"heartbeats (1 or more), or null for none."
         )
 
 

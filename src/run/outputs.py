@@ -11,10 +11,12 @@ from src.callbacks.measurement.class_report import ClassReport
 from src.callbacks.measurement.throughput import Throughput
 from src.utils.files import write_atomically
 from src.utils.lightning import as_number
+from src.utils.tensor_bytes import module_bytes
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.json"
+PARAMETER_BYTES = "model/parameter_bytes"  # the model's tensors as stored, in every record
 
 
 def write_metrics(
@@ -33,12 +35,16 @@ def finish_run(
 ) -> dict[str, Any]:
     """Write metrics.json (with the wall time since `start`) on rank 0; return its content.
 
-    Other ranks write nothing and get an empty record. The caller prints the summary
-    (`log_summary`) once the record holds all it reports (lm-eval's scores after training).
+    The metrics gain `model/parameter_bytes`, the bytes of the model's parameters and buffers
+    as stored (a 4-bit weight at its packed size). Other ranks write nothing and get an empty
+    record. The caller prints the summary (`log_summary`) once the record holds all it reports
+    (lm-eval's scores after training).
     """
     if not trainer.is_global_zero:
         return {}
     wall_time_s = round(time.perf_counter() - start, 3)
+    if (model := trainer.lightning_module) is not None:
+        metrics = {**metrics, PARAMETER_BYTES: module_bytes(model)}
     if (peak := mfu_peak(trainer)) is not None:
         extra["mfu_peak"] = peak
     if accuracy := test_acc_per_class(trainer):

@@ -106,7 +106,7 @@ class NamesClasses(Protocol):
 
 @runtime_checkable
 class Adapter(Protocol):
-    """A language model's adapter, LoRA or none: what trains, is checkpointed and is exported.
+    """A language model's adapter (LoRA, QLoRA or none): what trains, is kept and is exported.
 
     It decides what trains, what its checkpoints keep of the network, and the network's exports
     (merged into plain weights, or as a peft folder).
@@ -131,6 +131,6 @@ class Adapter(Protocol):
 
 @runtime_checkable
 class HasAdapter(Protocol):
-    """A model that trains through an `Adapter` (the language model: LoRA or none)."""
+    """A model that trains through an `Adapter` (the language model: LoRA, QLoRA or none)."""
 
     adapter: Adapter

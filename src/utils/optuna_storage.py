@@ -11,6 +11,7 @@ The sweeper and each trial's pruning callback open it the same way, so it lives 
 
 import random
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -19,6 +20,15 @@ from optuna.storages.journal import JournalFileBackend, JournalStorage
 from sqlalchemy.engine import URL, make_url
 
 from src.utils.errors import ConfigError, first_line
+
+# Optuna calls heartbeats experimental (since 2.9) and meant for study.optimize; the sweeper
+# records them itself, for the trials its jobs run (src/run/search/heartbeat.py).
+for message in (
+    "Argument ``heartbeat_interval`` is an experimental feature",
+    ".*fail_stale_trials is experimental",
+    "Heartbeat of storage is supposed to be used with Study.optimize",
+):
+    warnings.filterwarnings("ignore", message=message)
 
 JOURNAL = "journal:///"
 # The pip package of each database driver that SQLAlchemy imports for a URL.
@@ -33,11 +43,18 @@ DRIVER_PACKAGES = {
 SCHEMA_TRIES = 5
 
 
-def open_storage(url: str) -> optuna.storages.BaseStorage:
-    """The storage `url` names, its database tables or journal file created when missing."""
+def open_storage(
+    url: str, heartbeat_interval: int | None = None, grace_period: int | None = None
+) -> optuna.storages.BaseStorage:
+    """The storage `url` names, its database tables or journal file created when missing.
+
+    A database records trials' heartbeats every `heartbeat_interval` seconds when given (a
+    trial silent for `grace_period`, by default twice that, is stale); a journal file keeps none.
+    """
     if url.startswith(JOURNAL):
         return journal_storage(Path(url.removeprefix(JOURNAL)))
-    return database_storage(url)
+    heartbeat = {"heartbeat_interval": heartbeat_interval, "grace_period": grace_period}
+    return database_storage(url, heartbeat)
 
 
 def journal_storage(path: Path) -> JournalStorage:
@@ -45,25 +62,25 @@ def journal_storage(path: Path) -> JournalStorage:
     return JournalStorage(JournalFileBackend(str(path)))
 
 
-def database_storage(url: str) -> optuna.storages.RDBStorage:
+def database_storage(url: str, heartbeat: dict | None = None) -> optuna.storages.RDBStorage:
     """Optuna's tables in the database `url`, created when it holds none."""
     parsed = parse_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)  # SQLite makes no folder
     for _ in range(SCHEMA_TRIES - 1):
         try:
-            return rdb_storage(url, parsed)
+            return rdb_storage(url, parsed, heartbeat or {})
         except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.ProgrammingError):
             time.sleep(random.uniform(0.1, 0.5))
-    return rdb_storage(url, parsed)
+    return rdb_storage(url, parsed, heartbeat or {})
 
 
-def rdb_storage(url: str, parsed: URL) -> optuna.storages.RDBStorage:
+def rdb_storage(url: str, parsed: URL, heartbeat: dict) -> optuna.storages.RDBStorage:
     url_shown = parsed.render_as_string(hide_password=True)
     try:
         # Checked before use, as Optuna does for MySQL: a trial can run for longer than a server
         # or the network keeps an idle connection open.
-        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})
+        return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True}, **heartbeat)
     except ImportError as error:
         raise missing_driver(url_shown, error) from error
     except sqlalchemy.exc.OperationalError as error:

@@ -135,13 +135,16 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def describe_mismatch(expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor]) -> str:
-    """Which keys are missing, unexpected or of another shape; empty when all fit."""
-    missing = sorted(f"{key} {list(expected[key].shape)}" for key in expected.keys() - found.keys())
+    """Which keys are missing, unexpected or of another shape; empty when all fit.
+
+    A module's extra state (`get_extra_state`, e.g. a random generator's) has no fixed shape.
+    """
+    missing = sorted(f"{key} {_shape(expected[key])}" for key in expected.keys() - found.keys())
     unexpected = sorted(found.keys() - expected.keys())
     mismatched = [
         f"{key}: file {list(found[key].shape)}, model {list(expected[key].shape)}"
         for key in sorted(expected.keys() & found.keys())
-        if found[key].shape != expected[key].shape
+        if not key.endswith("._extra_state") and found[key].shape != expected[key].shape
     ]
     problems = [
         f"{label} ({len(items)}): {', '.join(items[:8])}{' ...' if len(items) > 8 else ''}"
@@ -164,3 +167,7 @@ def load_network_weights(net: nn.Module, path: str | Path) -> None:
             f"Was the file written for another model or data shape?"
         )
     net.load_state_dict(state)
+
+
+def _shape(value: object) -> list[int] | str:
+    return list(value.shape) if isinstance(value, torch.Tensor) else "(extra state)"

@@ -13,6 +13,7 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from src.data.sampler import ResumableDistributedSampler, resumable_loader, resumable_sampler
 from tests.helpers import (
     FAST,
+    RESUMABLE_EVERY_STEP,
     TINY_LM,
     assert_same_tensors,
     compose_config,
@@ -244,10 +245,7 @@ def test_a_packed_lm_run_killed_in_its_second_epoch_resumes_exactly(tmp_path, mo
         "data.batch_size=2",
         f"data.cache_dir={tmp_path / 'cache'}",
         "trainer.max_epochs=2",
-        "trainer.deterministic=true",
-        "callbacks.last_checkpoint.every_n_train_steps=1",
-        "callbacks.last_checkpoint.every_n_epochs=null",
-        "test=false",
+        *RESUMABLE_EVERY_STEP,
     ]
     expected = trained_state(run, tmp_path / "whole")
     kill_step = expected[0]["global_step"] // 2 + 3  # inside the second epoch

@@ -25,6 +25,7 @@ from src.data.text.streaming import StreamedRows
 from src.utils.errors import ConfigError, DataError, MissingFileError, user_message
 from tests.helpers import (
     FAST,
+    RESUMABLE_EVERY_STEP,
     TINY_LM,
     assert_same_tensors,
     killed_run,
@@ -392,12 +393,9 @@ def test_a_streaming_run_killed_mid_stream_resumes_exactly(tmp_path):
         "trainer.max_steps=20",
         "trainer.val_check_interval=5",
         "trainer.check_val_every_n_epoch=null",
-        "trainer.deterministic=true",
         "callbacks.model_checkpoint.monitor=val/loss",
         "callbacks.model_checkpoint.mode=min",
-        "callbacks.last_checkpoint.every_n_train_steps=1",
-        "callbacks.last_checkpoint.every_n_epochs=null",
-        "test=false",
+        *RESUMABLE_EVERY_STEP,
     ]
     expected_checkpoint, expected_metrics = trained_state(run, tmp_path / "whole")
     last = killed_run(run, tmp_path / "killed", kill_step=16)

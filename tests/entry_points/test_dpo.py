@@ -11,6 +11,7 @@ from eval import evaluate
 from src.models.language.preference.objective import PAIR_METRICS
 from tests.helpers import (
     FAST,
+    RESUMABLE_EVERY_STEP,
     TINY_LM,
     assert_same_tensors,
     compose_config,
@@ -112,10 +113,7 @@ def test_a_dpo_run_killed_mid_training_resumes_exactly(tmp_path, reference):
         tmp_path,
         "trainer.max_steps=6",
         "trainer.val_check_interval=3",
-        "trainer.deterministic=true",
-        "callbacks.last_checkpoint.every_n_train_steps=1",
-        "callbacks.last_checkpoint.every_n_epochs=null",
-        "test=false",
+        *RESUMABLE_EVERY_STEP,
         *(["data.precompute_ref_logps=true"] if reference == "precomputed" else []),
     )
     expected_checkpoint, expected_metrics = trained_state(run, tmp_path / "whole")

@@ -4,6 +4,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from hydra.utils import instantiate
 
 from eval import evaluate
 from tests.helpers import FAST, compose_config, learnable_images, small_image_folder_overrides
@@ -61,6 +62,9 @@ def test_metrics_json_has_final_metrics_best_checkpoint_and_wall_time(tmp_path):
     train(cfg)
     elapsed = time.perf_counter() - start
     record = json.loads((tmp_path / "metrics.json").read_text())
+    model = instantiate(cfg.model)  # every run records its model's bytes as stored
+    stored = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    assert record["metrics"]["model/parameter_bytes"] == stored
     for key in (
         "train/loss",
         "train/acc",

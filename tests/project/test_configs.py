@@ -29,6 +29,7 @@ REQUIRED = {  # options whose data has no embedded default
     # A language model needs text data (and text data a language model).
     "model=qwen3_tiny": ["data=shakespeare_bytes"],
     "data=preferences": ["model=qwen3_tiny"],
+    "data=prompts": ["model=qwen3_tiny"],
     "model=qwen3_next_tiny": ["data=shakespeare_bytes"],
     "model=qwen3_0_6b": ["data=shakespeare_bytes"],
     "model=qwen3_5_tiny": ["data=shakespeare_bytes"],
@@ -40,6 +41,7 @@ REQUIRED = {  # options whose data has no embedded default
     "data=sft": ["model=qwen3_tiny"],
     # Adapters go on a language model.
     "adapter=lora": ["experiment=lm_text"],
+    "adapter=qlora": ["experiment=lm_text"],
     "adapter=none": ["experiment=lm_text"],
     # The study's storage names hydra.sweep.dir, which only a launched sweep resolves.
     "hparams_search=optuna": ["hydra.sweeper.storage=sqlite:///optuna.db"],

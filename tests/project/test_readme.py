@@ -147,6 +147,8 @@ def train_overrides(args: list[str]) -> tuple[list[str], list[str]]:
         defaults += ["data.synthetic_count=200", "data.exact_match_samples=2"]
     if "experiment=lm_dpo" in args:
         defaults += ["data.synthetic_count=200"]
+    if "experiment=lm_grpo" in args:
+        defaults += ["data.synthetic_count=200", "data.batch_size=4"]
     forced = ["hydra.sweeper.n_trials=2"] if "hparams_search=optuna" in args else []
     return defaults, forced
 

@@ -20,6 +20,7 @@ NOT_IMPORTED = [
     "pyarrow",
     "datasets",
     "peft",
+    "torchao",  # adapter=qlora's 4-bit base (peft imports it too, where installed)
     "lm_eval",
     "optuna",
     "mlflow",

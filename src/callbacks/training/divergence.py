@@ -2,7 +2,8 @@
 
 A training batch holding NaN or Inf stops the run as bad data before the model sees it; a
 finite loss grown `max_growth` times past the run's first one stops it as divergence, before the
-step is taken (a NaN or Inf loss is FiniteCheck's). Lightning's
+step is taken (a NaN or Inf loss is FiniteCheck's). `max_growth=null` leaves out that check, for
+losses that are not a size to compare, such as GRPO's, whose advantages average to zero. Lightning's
 `EarlyStopping(check_finite=True, divergence_threshold=...)` looks at a logged metric only when
 an epoch or validation ends, and ends the run as a success; torch's anomaly detection names the
 operation that made a NaN at the cost of a far slower backward, and takes NaN inputs for a
@@ -33,7 +34,7 @@ class Divergence(Callback):
     The first loss is kept in checkpoints, so a resumed run compares with the same one.
     """
 
-    def __init__(self, max_growth: float = 1000.0):
+    def __init__(self, max_growth: float | None = 1000.0):
         self.max_growth = max_growth
         self.first_loss: float | None = None
 
@@ -59,6 +60,8 @@ class Divergence(Callback):
     def on_before_backward(
         self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor
     ) -> None:
+        if self.max_growth is None:
+            return
         # Lightning hands the loss divided by the batches a step accumulates: undo it.
         scale = trainer.accumulate_grad_batches if pl_module.automatic_optimization else 1
         size = loss.detach().abs() * scale

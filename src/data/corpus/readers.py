@@ -1,7 +1,8 @@
 """Local corpora as Hugging Face `datasets` tables (Arrow, memory-mapped).
 
 `.txt` files are cut into documents, `.jsonl`/`.json` and `.parquet` files read as they are, from
-files, globs or folders.
+files, globs or folders, and Hugging Face datasets named by `hf://datasets/<org>/<name>` as the
+Parquet file of their split (`src.data.corpus.hub`).
 
 Bad input stops with a one-line `DataError` naming the file and the line or row.
 """
@@ -22,6 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import xxhash
 
+from src.data.corpus.hub import HubOptions, hub_dataset_file, is_hub_url
 from src.utils.errors import ConfigError, DataError, MissingFileError
 from src.utils.files import hash_file
 
@@ -36,15 +38,21 @@ datasets.disable_progress_bars()
 datasets.logging.set_verbosity(datasets.logging.CRITICAL)
 
 
-def resolve_files(paths: list[str], key: str = "data.paths") -> list[Path]:
+def resolve_files(
+    paths: list[str], key: str = "data.paths", hub: HubOptions | None = None
+) -> list[Path]:
     """The files `paths` name, in order.
 
-    Files as given, globs and folders (their files of a known format, not recursing) in name order.
+    Files as given, globs and folders (their files of a known format, not recursing) in name order;
+    a dataset `hf://datasets/<org>/<name>` as the Parquet file of the split `hub` names, written
+    into its cache folder once.
     """
     found: list[Path] = []
     for entry in paths:
         path = Path(entry)
-        if glob.has_magic(str(entry)):
+        if is_hub_url(entry):
+            found.append(hub_dataset_file(str(entry), hub or HubOptions(), key))
+        elif glob.has_magic(str(entry)):
             matches = [Path(p) for p in sorted(glob.glob(str(entry), recursive=True))]
             found += [p for p in matches if p.is_file() and p.suffix in FORMATS]
         elif path.is_dir():

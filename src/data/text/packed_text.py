@@ -32,6 +32,7 @@ from lightning.pytorch import LightningDataModule
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.corpus.encoding import flat_column
+from src.data.corpus.hub import HubOptions
 from src.data.corpus.readers import content_fingerprint, separately_mapped_parts
 from src.data.corpus.rows import BucketedBatches, PackedRows
 from src.data.corpus.token_store import StoreWriter, TokenStore, builder_name, load_or_build
@@ -83,6 +84,11 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     it once per node (`prepare_per_node=true`, for a `cache_dir` on each node's own disk), or
     once per job when `prepare_per_node=false` (a `cache_dir` every node shares); every rank's
     `setup` then maps the same store. `num_proc` processes tokenise (null: one per CPU core).
+
+    A path `hf://datasets/<org>/<name>` is that Hugging Face dataset's split `hf_split` (its
+    config `hf_config`, revision `hf_revision`), written once as a Parquet file into `cache_dir`
+    (`src.data.corpus.hub`); its validation and test documents come from the fractions, as a
+    local file's do.
     """
 
     batch_kind = TOKENS
@@ -108,6 +114,9 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         num_proc: int | None = None,
         prepare_per_node: bool = True,
         cache_dir: str | None = None,
+        hf_split: str = "train",
+        hf_config: str | None = None,
+        hf_revision: str | None = None,
     ):
         super().__init__()
         if max_seq_len < 2:
@@ -134,6 +143,7 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         self.num_proc = num_proc or os.cpu_count() or 1
         self.prepare_data_per_node = prepare_per_node
         self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.hub = HubOptions(hf_split, hf_config, hf_revision, self.cache_dir)
         self._scratch: TemporaryDirectory | None = None  # the store's folder without cache_dir
         self.tokenizer: ByteTokenizer | FileTokenizer | None = None  # from store() or a checkpoint
         self.token_store: TokenStore | None = None

@@ -78,7 +78,7 @@ class TextDataModule(PackedTextDataModule):
             ) from error
 
     def source_files(self) -> list[Path]:
-        return resolve_files(self.paths)
+        return resolve_files(self.paths, hub=self.hub)
 
     def source_options(self) -> str:
         # With missing_text, a store built before rows without text were refused is not reused.

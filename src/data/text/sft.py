@@ -81,7 +81,7 @@ class SFTDataModule(PackedTextDataModule):
 
     def source_files(self) -> list[Path]:
         if self.path is not None:
-            return resolve_files([self.path], key="data.path")
+            return resolve_files([self.path], key="data.path", hub=self.hub)
         count, seed = self.synthetic
         name = f"sft-synthetic-{count}-{seed}.jsonl"
         return [synthetic_file(self.cache_dir, name, partial(make_examples, count, seed))]

@@ -67,7 +67,7 @@ class StreamedSource:
         self.first_rows: list[list[Sample]] = []  # the first buffer's, for the data report
 
     def store_files(self) -> list[Path]:
-        return resolve_files(self.val_paths, key="data.val_paths")
+        return resolve_files(self.val_paths, key="data.val_paths", hub=self.module.hub)
 
     def split_documents(self, count: int) -> dict[str, np.ndarray]:
         """The held-out documents, split between validation and test.

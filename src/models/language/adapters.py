@@ -1,6 +1,7 @@
-"""The adapter of a LanguageModel, chosen by the `adapter` config group: LoRA or none.
+"""The adapter of a LanguageModel, chosen by the `adapter` config group: LoRA, QLoRA or none.
 
-LoRA is `adapter=lora` (src/models/language/lora/). Both are the `Adapter` of
+LoRA is `adapter=lora`, QLoRA (LoRA on a 4-bit base) `adapter=qlora`
+(src/models/language/lora/). Each is the `Adapter` of
 src/utils/contracts.py, which the model asks what its checkpoints keep and how its network is
 exported, so that neither the model nor its callers test which one it holds.
 """
@@ -12,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from src.models.language.lora.adapter import attach_lora
+from src.models.language.lora.qlora import attach_qlora, is_qlora
 from src.models.language.qwen import QwenLM
 from src.utils.contracts import Adapter
 from src.utils.errors import CheckpointError
@@ -51,9 +53,11 @@ class NoAdapter:
 def build_adapter(net: QwenLM, values: Mapping[str, Any] | None, pretrained: str | None) -> Adapter:
     """The adapter that the `adapter` group's values describe, attached to `net`.
 
-    LoRA when the values are given, none otherwise. `net` was loaded from `pretrained`, which is
-    None when the base is to come from a checkpoint.
+    QLoRA when they name a `quantization`, LoRA when the values are given, none otherwise. `net`
+    was loaded from `pretrained`, which is None when the base is to come from a checkpoint.
     """
     if not values:
         return NoAdapter(net)
+    if is_qlora(values):
+        return attach_qlora(net, values, pretrained)
     return attach_lora(net, values, pretrained)

@@ -11,6 +11,7 @@ from torchmetrics import MaxMetric, SumMetric
 from src.models.language.adapters import build_adapter
 from src.models.language.exact_match import count_exact_matches
 from src.models.language.expert_parallel import dispatched_bytes
+from src.models.language.grpo.objective import GRPOObjective
 from src.models.language.objectives import NextToken, Objective
 from src.models.language.parallel import shard_decoder_layers
 from src.models.language.preference.objective import PreferenceObjective
@@ -33,18 +34,21 @@ KERNEL_CHOICES = {"auto": None, "pytorch": PYTORCH}
 
 
 class LanguageModel(OptimizedModule):
-    """Train a QwenLM on next-token prediction, or on preferences, with the configured optimizer.
+    """Train a QwenLM on next tokens, preferences or rewards, with the configured optimizer.
 
     Batches are dicts: `input_ids` and `labels` [B, T] (labels[t] is the target of position t,
     IGNORE_INDEX where nothing is supervised), optionally `position_ids` [B, T] and
-    `cu_seqlens` (int32 document offsets of packed rows). `objective` says what is optimised
+    `cu_seqlens` (int32 document offsets of packed rows); GRPO's are prompts
+    (src/data/text/prompts/). `objective` says what is optimised
     (src/models/language/objectives.py): `next_token`, the mean cross-entropy over every
-    supervised token, or `dpo`, a preference loss over pairs of responses (options in
-    `preference`, src/models/language/preference/). `train/loss` is the mean over the
-    optimizer step's tokens or pairs, however they fall into micro-batches. A
-    mixture of experts adds `router_aux_loss_coef` times its load-balancing loss
-    (`train/aux_loss`) to what it optimises, and logs each sparse layer's busiest expert over
-    the mean (`moe/layer_{i}/load_max_over_mean`, the worst as `moe/load_max_over_mean`).
+    supervised token; `dpo`, a preference loss over pairs of responses (options in
+    `preference`, src/models/language/preference/); or `grpo`, a clipped surrogate over the
+    model's own rewarded completions of prompts (options in `grpo`,
+    src/models/language/grpo/). `train/loss` is the mean over the optimizer step's tokens,
+    pairs or completions, however they fall into micro-batches. A mixture of experts adds
+    `router_aux_loss_coef` times its load-balancing loss (`train/aux_loss`) to what it
+    optimises, and logs each sparse layer's busiest expert over the mean
+    (`moe/layer_{i}/load_max_over_mean`, the worst as `moe/load_max_over_mean`).
 
     - `config`: a QwenConfig as a plain dict; `pretrained`: a transformers-format folder (e.g. a
       released Qwen3 checkpoint) for the starting weights. Its config.json is checked against
@@ -56,9 +60,10 @@ class LanguageModel(OptimizedModule):
       the module still evaluates and generates.
     - `loss_chunk_size`: rows of logits computed at a time (src/models/language/qwen/loss.py);
       `activation_checkpointing` recomputes each decoder layer in backward.
-    - `adapter` (`adapter=lora`, src/models/language/adapters.py): freezes the base and trains
-      LoRA adapters; checkpoints then hold the adapters and name the base, which `pretrained`
-      (else the recorded path) supplies again on loading.
+    - `adapter` (`adapter=lora` or `adapter=qlora`, src/models/language/adapters.py): freezes
+      the base (QLoRA: stored as 4-bit NF4) and trains LoRA adapters; checkpoints then hold the
+      adapters and name the base, which `pretrained` (else the recorded path) supplies again
+      on loading.
     """
 
     batch_kind = TOKENS
@@ -79,6 +84,7 @@ class LanguageModel(OptimizedModule):
         explicit_config: list[str] | None = None,
         objective: str = "next_token",
         preference: dict[str, Any] | None = None,
+        grpo: dict[str, Any] | None = None,
     ):
         super().__init__(optimizer, scheduler)
         if kernels not in KERNEL_CHOICES:
@@ -102,12 +108,18 @@ class LanguageModel(OptimizedModule):
         )
         if pretrained:
             self.net.load_hf_weights(pretrained)
-        # adapter=lora: the base frozen in its dtype, LoRA adapters the only trained weights.
+        # adapter=lora (qlora): the base frozen in its dtype (in NF4), the adapters all that trains.
         self.adapter = build_adapter(self.net, adapter, pretrained)
         self.hparams.update(self.adapter.hyperparameters())  # load_from_checkpoint
-        self.objective = build_objective(objective, preference, self.net, self.adapter)
-        if isinstance(self.objective, PreferenceObjective):  # load_from_checkpoint
-            self.hparams.update({"objective": objective, "preference": preference})
+        options = {"dpo": preference, "grpo": grpo}.get(objective)
+        self.objective = build_objective(objective, options, self.net, self.adapter)
+        if objective != "next_token":
+            # What load_from_checkpoint rebuilds the objective from: GRPO's without its reward
+            # functions, which are code (a loaded model generates and exports without them).
+            grpo_options = {k: v for k, v in (grpo or {}).items() if k != "rewards"}
+            self.hparams.update(
+                {"objective": objective, "preference": preference, "grpo": grpo_options}
+            )
         # A frozen base is left out of checkpoints; on_load_checkpoint puts it back and checks
         # that every other key is there (FSDP2's strategy loads the state before that hook).
         self.strict_loading = not self.adapter.freezes_base
@@ -227,7 +239,7 @@ class LanguageModel(OptimizedModule):
         if self._step_normaliser is None:
             # Rows, not B*T: every rank's micro-batches hold the same number of rows, while
             # padded rows may differ in length between ranks.
-            self._step_normaliser = batch["labels"].shape[0]
+            self._step_normaliser = batch["input_ids"].shape[0]
         for name, value in {"loss": loss_sum, "units": units, **metrics}.items():
             previous = self._step_sums.get(name)
             value = value.detach()
@@ -270,7 +282,7 @@ class LanguageModel(OptimizedModule):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(sums)
         totals = dict(zip(names, sums, strict=True))
-        units = totals.pop("units").clamp_min(1)
+        units = totals["units"].clamp_min(1)
         # Lightning divided each micro-batch loss by accumulate_grad_batches; DDP averages devices.
         micro_batches = self.trainer.accumulate_grad_batches * self.trainer.world_size
         scale = (self._step_normaliser * micro_batches / units).item()
@@ -278,8 +290,8 @@ class LanguageModel(OptimizedModule):
             for parameter in self.parameters():
                 if parameter.grad is not None:
                     parameter.grad.mul_(scale)
-        for name, total in totals.items():
-            self.log(f"train/{name}", total / units, on_step=True, prog_bar=name == "loss")
+        for name, mean in self.objective.step_means(totals).items():
+            self.log(f"train/{name}", mean, on_step=True, prog_bar=name == "loss")
         self._reset_step()
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
@@ -318,15 +330,17 @@ class LanguageModel(OptimizedModule):
 
 
 def build_objective(
-    name: str, preference: dict[str, Any] | None, net: QwenLM, adapter: Adapter
+    name: str, options: dict[str, Any] | None, net: QwenLM, adapter: Adapter
 ) -> Objective:
-    """The objective `model.objective` names, with `model.preference`'s options for `dpo`."""
+    """The objective `model.objective` names, with its options (model.preference, model.grpo)."""
     if name == "next_token":
         return NextToken()
     if name == "dpo":
-        return PreferenceObjective.build(preference or {}, net, adapter)
+        return PreferenceObjective.build(options or {}, net, adapter)
+    if name == "grpo":
+        return GRPOObjective.build(options or {}, net, adapter)
     raise ConfigError(
-        f"model.objective={name!r}: choose next_token (pretraining, SFT) or dpo (preference "
+        f"model.objective={name!r}: choose next_token (pretraining, SFT), dpo (preference "
         f"pairs, data=preferences; model.preference.loss_type picks DPO, IPO, hinge, SimPO or "
-        f"ORPO)"
+        f"ORPO) or grpo (rewarded completions of prompts, data=prompts, experiment=lm_grpo)"
     )

@@ -1,9 +1,10 @@
-"""What a LanguageModel optimises (`model.objective`): next-token prediction or a preference loss.
+"""What a LanguageModel optimises (`model.objective`): next-token prediction, preferences, rewards.
 
-Both are an `Objective`: it turns a batch into sums over its units (supervised tokens, or
-preference pairs), so that the model's loss is their mean over an optimizer step however the
-units fall into micro-batches, and it names the metrics it logs. `next_token` is pretraining
-and SFT; `dpo` is preference tuning (src/models/language/preference/).
+Each is an `Objective`: it turns a batch into sums over its units (supervised tokens,
+preference pairs, or completions), so that the model's loss is their mean over an optimizer
+step however the units fall into micro-batches, and it names the metrics it logs. `next_token`
+is pretraining and SFT; `dpo` is preference tuning (src/models/language/preference/); `grpo` is
+reinforcement learning with verifiable rewards (src/models/language/grpo/).
 """
 
 from collections.abc import Mapping
@@ -31,6 +32,9 @@ class Objective(Protocol):
 
     def sums(self, net: nn.Module, batch: dict[str, torch.Tensor]) -> ObjectiveSums: ...
 
+    # What a training step logs from its sums over micro-batches (and ranks): loss and more.
+    def step_means(self, totals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
+
     def evaluation(self, sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]: ...
 
     def setup(self, net: nn.Module, datamodule: Any, device: torch.device) -> None: ...
@@ -54,6 +58,9 @@ class NextToken:
         # Lightning evaluates without gradients, where the loss also counts the right argmaxes.
         return ObjectiveSums(loss_sum, tokens, {} if correct is None else {"correct": correct})
 
+    def step_means(self, totals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return means_per_unit(totals)
+
     def evaluation(self, sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The loss per supervised token over the whole split, its perplexity and accuracy.
 
@@ -66,3 +73,9 @@ class NextToken:
 
     def setup(self, net: nn.Module, datamodule: Any, device: torch.device) -> None:
         """Nothing to prepare."""
+
+
+def means_per_unit(totals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Every sum but the units over the units: the loss and metrics per token or pair."""
+    units = totals["units"].clamp_min(1)
+    return {name: total / units for name, total in totals.items() if name != "units"}

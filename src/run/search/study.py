@@ -21,6 +21,7 @@ from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
 from src.callbacks.training.optuna_marks import PRUNED_AT_STEP
+from src.run.search.heartbeat import fail_stale_trials
 from src.run.search.seeding import SeededAtFirstTrial
 from src.utils.error_boundary import one_line, read_job_error
 from src.utils.errors import ConfigError
@@ -56,16 +57,19 @@ def open_study(
     sampler: DictConfig,
     pruner: DictConfig,
     grid: dict[str, list[Any]] | None = None,
+    heartbeat_interval: int | None = None,
 ) -> optuna.Study:
     """The study `study_name` in `storage`, created when it does not exist yet.
 
     `storage` is a URL (src/utils/optuna_storage.py), or None for a study in memory. The trials
-    a killed launch on this machine left running are marked failed. A seeded sampler is seeded
-    at this launch's first trial (src/run/search/seeding.py). `grid` is the search space of a
-    partial sampler (the grid sampler's).
+    a killed launch left running are marked failed: on this machine, those whose process is
+    gone; on any, with `heartbeat_interval` (seconds) and a database, those whose heartbeat
+    stopped (src/run/search/heartbeat.py). A seeded sampler is seeded at this launch's first
+    trial (src/run/search/seeding.py). `grid` is the search space of a partial sampler (the grid
+    sampler's).
     """
     study = optuna.create_study(
-        storage=None if storage is None else open_storage(storage),
+        storage=None if storage is None else open_storage(storage, heartbeat_interval),
         study_name=study_name,
         directions=cast(list[Literal["minimize", "maximize"]], directions),
         pruner=instantiate(pruner),
@@ -117,12 +121,13 @@ def ask(study: optuna.Study, distributions: dict, n_trials: int) -> optuna.Trial
 
 
 def fail_orphaned_trials(study: optuna.Study) -> list[int]:
-    """Mark failed the trials that a launch killed on this machine left RUNNING.
+    """Mark failed the trials that a killed launch left RUNNING; their numbers.
 
-    Returns their numbers. A trial asked by a process still alive, or on another machine, is
-    left alone: another launch sharing the study may be running it.
+    On this machine, those whose process is gone; on any, those whose heartbeat stopped, when
+    the storage keeps heartbeats. Any other is left alone: another launch sharing the study may
+    be running it.
     """
-    orphans = []
+    orphans = fail_stale_trials(study)
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = trial.user_attrs.get(ASKED_BY) or {}
         if owner.get("host") == socket.gethostname() and not is_alive(str(owner.get("pid"))):
@@ -131,7 +136,7 @@ def fail_orphaned_trials(study: optuna.Study) -> list[int]:
     if orphans:
         log.warning(
             "Trials %s of study %r were left running by a launch that was stopped (its process "
-            "is gone): marked failed.",
+            "is gone, or its heartbeat): marked failed.",
             ", ".join(map(str, orphans)),
             study.study_name,
         )

@@ -92,7 +92,7 @@ class PreferenceDataModule(PackedTextDataModule):
 
     def source_files(self) -> list[Path]:
         if self.paths is not None:
-            return resolve_files(self.paths, key="data.paths")
+            return resolve_files(self.paths, key="data.paths", hub=self.hub)
         count, seed = self.synthetic
         name = f"preferences-synthetic-{count}-{seed}.jsonl"
         return [synthetic_file(self.cache_dir, name, partial(make_pairs, count, seed))]

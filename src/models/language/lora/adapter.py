@@ -25,7 +25,7 @@ from src.models.language.qwen import QwenLM
 from src.utils.errors import CheckpointError, ConfigError
 
 NO_BASE = (
-    "adapter=lora trains adapters on a pretrained base, and this model has none: set "
+    "adapter={option} trains adapters on a pretrained base, and this model has none: set "
     "model.pretrained=<transformers folder> (to fine-tune a randomly initialised model, "
     "train it whole, without an adapter)."
 )
@@ -42,6 +42,7 @@ class LoraAdapter:
     """
 
     freezes_base = True
+    option = "lora"  # the `adapter` config group's option
 
     def __init__(self, net: QwenLM, spec: AdapterSpec, base: dict[str, str] | None):
         self.net = net
@@ -53,7 +54,7 @@ class LoraAdapter:
 
     def check_can_train(self) -> None:
         if self.base is None:
-            raise ConfigError(NO_BASE)
+            raise ConfigError(NO_BASE.format(option=self.option))
 
     def strip_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Drop the frozen base's weights from a Lightning checkpoint and name the base."""

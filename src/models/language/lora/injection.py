@@ -17,6 +17,7 @@ adapters `mlp.experts.base_layer.lora_A...` (gate_up_proj's) and `mlp.experts.lo
 
 import re
 import warnings
+from collections.abc import Mapping
 from typing import Protocol, cast
 
 import torch
@@ -110,18 +111,19 @@ def adapted_weights(net: QwenLM) -> dict[str, torch.nn.Module]:
 
 
 @torch.no_grad()
-def merged_network(net: QwenLM) -> QwenLM:
+def merged_network(net: QwenLM, weights: Mapping[str, torch.Tensor] | None = None) -> QwenLM:
     """A plain QwenLM whose adapted weights are W + (alpha / r) B @ A.
 
-    For the experts' stacked weights [E, out, in] that is one B_e @ A_e per expert. `net` is
-    unchanged and the unadapted tensors are shared with it, not copied.
+    For the experts' stacked weights [E, out, in] that is one B_e @ A_e per expert. `weights`
+    is `net`'s state dict as plain tensors (a 4-bit base's dequantised), `net.state_dict()` by
+    default. `net` is unchanged and the unadapted tensors are shared with it, not copied.
     """
     deltas = {
         key: cast(LoraModule, module).get_delta_weight(ADAPTER_NAME)
         for key, module in adapted_weights(net).items()
     }
     state = {}
-    for key, value in net.state_dict().items():
+    for key, value in (net.state_dict() if weights is None else weights).items():
         if is_adapter_key(key):
             continue
         key = plain_key(key)

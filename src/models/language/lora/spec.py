@@ -1,6 +1,8 @@
 """The `adapter` config group's values for LoRA, and the peft config they stand for."""
 
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -40,12 +42,30 @@ NOT_LINEAR = {
 }
 
 
+@contextmanager
+def quiet_torchao_import() -> Iterator[None]:
+    """Silence what importing torchao logs through torch's pytree module.
+
+    torchao 0.18 registers its enums in a way torch 2.14 deprecates, and torch says so in a
+    warning per enum that no user can act on. peft imports torchao when it is installed (the
+    `qlora` extra), through transformers' quantizers.
+    """
+    pytree_log = logging.getLogger("torch.utils._pytree")
+    level = pytree_log.level
+    pytree_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        pytree_log.setLevel(level)
+
+
 def import_peft():
     """peft, imported when first used.
 
     It loads much of transformers (about 1 s), which runs without adapters never need.
     """
-    import peft
+    with quiet_torchao_import():
+        import peft
 
     return peft
 

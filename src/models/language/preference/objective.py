@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from src.models.language.objectives import ObjectiveSums
+from src.models.language.objectives import ObjectiveSums, means_per_unit
 from src.models.language.preference.losses import PreferenceLoss
 from src.models.language.preference.reference import (
     AdaptersDisabled,
@@ -88,6 +88,9 @@ class PreferenceObjective(nn.Module):
         }
         pairs = torch.tensor(len(losses), device=losses.device)
         return ObjectiveSums(losses.sum(), pairs, {k: v.sum() for k, v in per_pair.items()})
+
+    def step_means(self, totals: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return means_per_unit(totals)
 
     def evaluation(self, sums: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Each metric's mean over the split's pairs."""

@@ -1,0 +1,1 @@
+"""Prompts for reinforcement learning with verifiable rewards (`data=prompts`, GRPO)."""

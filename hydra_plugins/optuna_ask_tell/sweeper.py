@@ -70,9 +70,10 @@ class OptunaSweeper(Sweeper):
 
     def search(self, arguments: list[str]) -> None:
         """Ask, launch and tell batches until the study holds n_trials or one fails too often."""
+        from src.run.search.heartbeat import fail_stale_trials
         from src.run.search.results import write_results
         from src.run.search.space import grid_space, param_lines, search_space
-        from src.run.search.study import fail_orphaned_trials, open_study, study_directions
+        from src.run.search.study import open_study, study_directions
         from src.utils.optuna_storage import shown
 
         check_failure_rate(self.max_failure_rate)
@@ -111,7 +112,7 @@ class OptunaSweeper(Sweeper):
         try:
             while batch := trials.ask_batch(self.config, self.n_jobs):
                 self.run_batch(trials, batch)
-                fail_orphaned_trials(study)  # another launch's, whose heartbeat stopped
+                fail_stale_trials(study)  # another launch's, whose heartbeat stopped
         finally:
             write_results(study, Path(self.config.hydra.sweep.dir) / "optimization_results.yaml")
 

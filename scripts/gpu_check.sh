@@ -101,8 +101,9 @@ else
     step bench_lm $PY scripts/bench_lm.py --device cpu --quick --output "$OUT_DIR/bench_lm.md"
     step bench_vocab $PY scripts/bench_lm.py --device cpu --quick --models dense --precisions fp32 \
         --vocab-size 4096 --memory --output "$OUT_DIR/bench_vocab.md"
+    # LoRA and QLoRA: full fine-tuning's rows are tests/scripts/test_qwen_bench.py's.
     step bench_finetune $PY scripts/bench_lm.py --device cpu --quick --finetune --models dense \
-        --precisions fp32 --output "$OUT_DIR/bench_finetune.md"
+        --precisions fp32 --variants lora qlora --output "$OUT_DIR/bench_finetune.md"
 fi
 
 $PY - "$OUT_DIR" <<'EOF'

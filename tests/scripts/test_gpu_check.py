@@ -54,6 +54,7 @@ def test_the_cpu_dry_run_runs_every_step_but_the_cuda_only_ones(tmp_path):
     assert "| model | precision | params |" in summary  # bench_lm's table is included
     assert "ours peak memory" in summary
     assert "| LoRA r=16 |" in summary
+    assert "| QLoRA r=16 (NF4, bf16) |" in summary
     assert (out / "model_parallel" / "metrics.json").is_file()
     assert "| sft_qwen3_5 | ok |" in summary
     moe = json.loads((out / "moe" / "metrics.json").read_text())["metrics"]

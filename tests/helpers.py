@@ -131,6 +131,19 @@ TINY_LM = [
     "model.config.head_dim=16",
 ]
 
+# Four steps of an LM experiment, validated once on one batch and tested on one, logged to CSV.
+FOUR_LM_STEPS = [
+    *FAST,
+    *TINY_LM,
+    "scheduler.scheduler.warmup_steps=2",
+    "trainer.max_steps=4",
+    "trainer.val_check_interval=4",
+    "trainer.limit_val_batches=1",
+    "trainer.limit_test_batches=1",
+    "trainer.num_sanity_val_steps=0",
+    "logger=csv",
+]
+
 
 def shakespeare_excerpt(folder: Path, characters: int) -> Path:
     """The first `characters` of Tiny Shakespeare as `folder/corpus.txt`, for data=text."""

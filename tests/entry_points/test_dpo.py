@@ -10,9 +10,8 @@ import pytest
 from eval import evaluate
 from src.models.language.preference.objective import PAIR_METRICS
 from tests.helpers import (
-    FAST,
+    FOUR_LM_STEPS,
     RESUMABLE_EVERY_STEP,
-    TINY_LM,
     assert_same_tensors,
     compose_config,
     killed_run,
@@ -25,19 +24,11 @@ def dpo_run(tmp_path, *extra: str) -> list[str]:
     """A few steps of DPO on a small synthetic preference set, with a tiny model."""
     return [
         "experiment=lm_dpo",
-        *FAST,
-        *TINY_LM,
         "data.synthetic_count=160",
         "data.max_seq_len=64",
         "data.batch_size=4",
         f"data.cache_dir={tmp_path / 'cache'}",
-        "scheduler.scheduler.warmup_steps=2",
-        "trainer.max_steps=4",
-        "trainer.val_check_interval=4",
-        "trainer.limit_val_batches=1",
-        "trainer.limit_test_batches=1",
-        "trainer.num_sanity_val_steps=0",
-        "logger=csv",
+        *FOUR_LM_STEPS,
         *extra,
     ]
 

@@ -7,9 +7,8 @@ import pytest
 
 from eval import evaluate
 from tests.helpers import (
-    FAST,
+    FOUR_LM_STEPS,
     RESUMABLE_EVERY_STEP,
-    TINY_LM,
     assert_resumes_exactly,
     compose_config,
     trained_state,
@@ -33,20 +32,12 @@ def grpo_run(tmp_path, *extra: str) -> list[str]:
     """A few GRPO steps on a small synthetic prompt set, with a tiny model."""
     return [
         "experiment=lm_grpo",
-        *FAST,
-        *TINY_LM,
         "data.synthetic_count=120",
         "data.batch_size=4",
         "model.grpo.num_generations=4",
         "model.grpo.max_completion_length=3",
         f"data.cache_dir={tmp_path / 'cache'}",
-        "scheduler.scheduler.warmup_steps=2",
-        "trainer.max_steps=4",
-        "trainer.val_check_interval=4",
-        "trainer.limit_val_batches=1",
-        "trainer.limit_test_batches=1",
-        "trainer.num_sanity_val_steps=0",
-        "logger=csv",
+        *FOUR_LM_STEPS,
         *extra,
     ]
 

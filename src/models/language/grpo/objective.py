@@ -194,10 +194,10 @@ class GRPOObjective(nn.Module):
         rollout = self._rollout(net, batch, self.num_generations, self.sampling)
         reward, per_function = self._score(batch, rollout)
         advantages, group_std = group_advantages(reward, self.num_generations, self.scale_rewards)
+        # The reference's forward first, as DPO's: a mixture of experts' router statistics, which
+        # the model reads after this, are then the policy's (with LoRA both run the same net).
+        reference = self._reference_logps(net, rollout) if self.surrogate.beta else None
         logps = token_logps(net, rollout)
-        reference = None
-        if self.surrogate.beta:
-            reference = self._reference_logps(net, rollout)
         mask = rollout.labels != IGNORE_INDEX
         loss, units, token_sums = surrogate_loss(
             logps, logps.detach(), reference, advantages.to(logps.device), mask, self.surrogate

@@ -1,7 +1,7 @@
 """The sampler behind every datamodule: sharded, shuffled by seed and epoch, and resumable."""
 
 import warnings
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Sized
 from typing import Any, Protocol, cast
 
 import torch
@@ -71,18 +71,22 @@ class ResumableDistributedSampler(StatefulDistributedSampler):
     def rank_indices(self) -> torch.Tensor:
         """This rank's indices this epoch, in the order torch's DistributedSampler gives them.
 
-        That is the permutation by seed + epoch, padded cyclically (or cut) to a multiple of the
-        ranks, then every `num_replicas`-th from `rank`.
+        That is the epoch's indices (`epoch_indices`: the permutation by seed + epoch), padded
+        cyclically (or cut) to a multiple of the ranks, then every `num_replicas`-th from `rank`.
         """
-        count = len(self.dataset)
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            indices = torch.randperm(count, generator=generator)
-        else:
-            indices = torch.arange(count)
+        indices = self.epoch_indices()
+        count = len(indices)
         if count and self.total_size > count:
             indices = indices.repeat(-(-self.total_size // count))
         return indices[: self.total_size][self.rank :: self.num_replicas]
+
+    def epoch_indices(self) -> torch.Tensor:
+        """Every rank's indices this epoch, `len(dataset)` of them, before they are dealt out."""
+        count = len(self.dataset)
+        if not self.shuffle:
+            return torch.arange(count)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(count, generator=generator)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "epoch": self.epoch}
@@ -107,19 +111,21 @@ class ResumableDistributedSampler(StatefulDistributedSampler):
 
 
 def resumable_sampler(
-    datamodule: HasTrainer, dataset: Dataset, shuffle: bool, shuffle_seed: int | None
+    datamodule: HasTrainer,
+    dataset: Dataset,
+    shuffle: bool,
+    shuffle_seed: int | None,
+    kind: Callable[..., ResumableDistributedSampler] = ResumableDistributedSampler,
 ) -> ResumableDistributedSampler:
     """The sampler for one split of `datamodule`: this rank's slice of a seeded permutation.
 
     The permutation is seeded by `shuffle_seed` + epoch (the process's torch seed when None);
-    there is one rank when not distributed.
+    there is one rank when not distributed. `kind` builds it (a data mixture's draws by weight).
     """
     trainer = datamodule.trainer
     world_size, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
     seed = torch.initial_seed() if shuffle_seed is None else shuffle_seed
-    return ResumableDistributedSampler(
-        dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed % 2**63
-    )
+    return kind(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed % 2**63)
 
 
 def resumable_loader(
@@ -128,6 +134,7 @@ def resumable_loader(
     batch_size: int | None,
     shuffle: bool,
     unit: str = "samples",
+    sampler_kind: Callable[..., ResumableDistributedSampler] = ResumableDistributedSampler,
     **options: Any,
 ) -> StatefulDataLoader:
     """A loader over `dataset` whose position and shuffle order go into checkpoints.
@@ -135,9 +142,9 @@ def resumable_loader(
     A resumed run therefore continues exactly. Shuffled (training) loaders drop the last partial
     batch: every optimizer step has the same size, on every rank; one that would have no batch
     at all is refused (`check_one_batch`, which names `dataset`'s items as `unit`). Uses the
-    datamodule's `shuffle_seed` and `num_workers`.
+    datamodule's `shuffle_seed` and `num_workers`; `sampler_kind` builds the sampler.
     """
-    sampler = resumable_sampler(datamodule, dataset, shuffle, datamodule.shuffle_seed)
+    sampler = resumable_sampler(datamodule, dataset, shuffle, datamodule.shuffle_seed, sampler_kind)
     drop_last = False
     if shuffle and batch_size is not None:
         check_one_batch(len(cast(Sized, dataset)), batch_size, sampler.num_replicas, unit)

@@ -15,6 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from src.utils.contracts import MixedData
 from src.utils.errors import ConfigError
 
 # What a ModelCheckpoint can monitor without any metric logged (last.ckpt monitors `step`).
@@ -46,7 +47,8 @@ def declared_metric_keys(model: Any, datamodule: Any, callbacks: Iterable) -> se
     """The keys the model and callbacks declare; None for a model that declares none."""
     if not hasattr(model, "metric_keys"):
         return None
-    keys = set(model.metric_keys())
+    sources = datamodule.source_names if isinstance(datamodule, MixedData) else ()
+    keys = set(model.metric_keys(sources) if sources else model.metric_keys())
     for callback in callbacks:
         if hasattr(callback, "metric_keys"):
             keys |= callback.metric_keys(model, datamodule)

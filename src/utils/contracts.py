@@ -88,6 +88,18 @@ class ReportsTokenAccounting(Protocol):
 
 
 @runtime_checkable
+class MixedData(Protocol):
+    """A datamodule of several weighted sources (`data.mixture`).
+
+    Its validation and test serve one loader per source, in the order of `source_names`
+    (empty without a mixture).
+    """
+
+    @property
+    def source_names(self) -> tuple[str, ...]: ...
+
+
+@runtime_checkable
 class HasTestConfusionMatrix(Protocol):
     """A classifier whose test loop fills a confusion matrix (rows: true, columns: predicted).
 

@@ -17,12 +17,19 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 from src.callbacks.training.loader_workers import stop_workers
 from src.data.corpus.readers import resolve_stream_files
 from src.data.corpus.rows import PackedRows
-from src.data.corpus.tokenizers import ByteTokenizer
 from src.data.packing.collate import collate_rows
 from src.data.packing.packing import fit_to_length
-from src.data.text.pretraining import TextDataModule, encode_documents
-from src.data.text.streaming import StreamedRows
+from src.data.text.pretraining import TextDataModule
 from src.utils.errors import ConfigError, DataError, MissingFileError, user_message
+from tests.data.streams import (
+    COLLATE,
+    TOKENIZER,
+    batches,
+    document,
+    document_numbers,
+    stream,
+    write_shards,
+)
 from tests.helpers import (
     FAST,
     RESUMABLE_EVERY_STEP,
@@ -32,56 +39,6 @@ from tests.helpers import (
     run_train,
     trained_state,
 )
-
-TOKENIZER = ByteTokenizer()
-COLLATE = partial(collate_rows, pad_id=TOKENIZER.pad_token_id, row_length=48)
-
-
-def document(number: int) -> str:
-    """Document `number`: its number first, then 0 to 60 words (some longer than a row)."""
-    return f"doc{number:04d} " + " ".join(["word"] * ((number * 7) % 61))
-
-
-def write_shards(folder, count: int, per_shard: int, column: str = "text") -> list:
-    """`count` Parquet shards of `per_shard` numbered documents each, shard s holding
-    documents s * per_shard onwards."""
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for shard in range(count):
-        numbers = range(shard * per_shard, (shard + 1) * per_shard)
-        paths.append(folder / f"part-{shard:02d}.parquet")
-        pq.write_table(pa.table({column: [document(n) for n in numbers]}), paths[-1])
-    return paths
-
-
-def stream(files, **options) -> StreamedRows:
-    values = dict(
-        separator=None,
-        text_field="text",
-        encoder=partial(encode_documents, tokenizer=TOKENIZER),
-        max_seq_len=48,
-        overlong="split",
-        packing=True,
-        packing_strategy="best_fit",
-        buffer_documents=7,
-        seed=3,
-    )
-    return StreamedRows(files, **(values | options))
-
-
-def document_numbers(rows) -> list[int]:
-    """The numbers of the documents whose first pieces the rows hold."""
-    numbers = []
-    for row in rows:
-        for sample in row:
-            if sample.position_offset == 0:
-                numbers.append(int(TOKENIZER.decode(sample.tokens[:7].tolist())[3:]))
-    return numbers
-
-
-def batches(loader, count: int) -> list[dict]:
-    iterator = iter(loader)
-    return [next(iterator) for _ in range(count)]
 
 
 @pytest.mark.parametrize("shards", [8, 7])

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from src.data.packing.packing import Pieces, Rows, Sample
+from src.data.packing.packing import Pieces, Rows, Sample, compact
 from src.utils.contracts import IGNORE_INDEX
 
 
@@ -68,6 +68,35 @@ class PackedRows(Dataset):
 
     def row_lengths(self) -> np.ndarray:
         return self.rows.lengths(self.pieces.length)
+
+
+def concatenated(parts: Sequence[PackedRows]) -> PackedRows:
+    """The rows of `parts`, which read one store, one part after another.
+
+    Row i of part k is row i + the rows of the parts before it.
+    """
+    store = parts[0].store
+    pieces = [part.pieces for part in parts]
+    piece_starts = np.cumsum([0] + [len(p) for p in pieces[:-1]])
+    order_starts = np.cumsum([0] + [len(part.rows.order) for part in parts[:-1]])
+    order = [
+        part.rows.order.astype(np.int64) + start
+        for part, start in zip(parts, piece_starts, strict=True)
+    ]
+    offsets = [
+        part.rows.offsets[1:].astype(np.int64) + start
+        for part, start in zip(parts, order_starts, strict=True)
+    ]
+    return PackedRows(
+        store,
+        Pieces(
+            compact(np.concatenate([p.sample for p in pieces])),
+            compact(np.concatenate([p.start for p in pieces])),
+            compact(np.concatenate([p.length for p in pieces])),
+            continued=pieces[0].continued,
+        ),
+        Rows(compact(np.concatenate(order)), compact(np.concatenate([[0], *offsets]))),
+    )
 
 
 class PieceList(Sequence[Sample]):

@@ -92,6 +92,11 @@ class TokenStore:
     def num_documents(self) -> int:
         return len(self.offsets) - 1
 
+    @property
+    def part_documents(self) -> list[int]:
+        """How many documents each part holds, in order: a data mixture's sources, else one."""
+        return self.manifest.get("part_documents", [self.num_documents])
+
     def lengths(self) -> np.ndarray:
         return np.diff(self.offsets)
 

@@ -81,6 +81,19 @@ class TokenAccounting:
     lengths_before: array.array = field(default_factory=_lengths_array)
     lengths_after: array.array = field(default_factory=_lengths_array)
 
+    @classmethod
+    def total(cls, parts: Sequence["TokenAccounting"]) -> "TokenAccounting":
+        """The accounting of several sources' samples together."""
+        counts = [
+            *("input", "kept", "truncated", "dropped"),
+            *("samples_truncated", "samples_dropped", "samples_split"),
+        ]
+        total = cls(**{name: sum(getattr(part, name) for part in parts) for name in counts})
+        for when in ("lengths_before", "lengths_after"):
+            lengths = np.concatenate([np.asarray(getattr(part, when)) for part in parts])
+            setattr(total, when, _lengths_array(lengths))
+        return total
+
     def as_metrics(self, prefix: str) -> dict[str, int]:
         names = ("input", "kept", "truncated", "dropped")
         counts = {f"{prefix}/tokens_{name}": getattr(self, name) for name in names}

@@ -3,14 +3,15 @@
 They read the corpus through `datasets`, tokenise it once into a memory-mapped token store, fit
 the over-long samples of each split, pack or pad, and serve resumable batches whose metadata
 `collate_rows` derives. Which files the store holds, how its documents split and where the
-training rows come from is the datamodule's `source` (`src.data.text.token_source`).
+training rows come from is the datamodule's `source` (`src.data.text.sources.token_source`).
 
 Subclasses say where the documents come from and how they become tokens: `source_files()`,
 `source_options()` (what else decides the tokens: how files are cut, the chat template),
 `read_corpus(files, work_dir)` (a `datasets.Dataset`, read only when the store is built or a
-BPE tokenizer trained), `training_texts(corpus, rows)` (the texts of those rows, to train a
-BPE tokenizer on) and `encoder()` (the batched function `Dataset.map` runs: an Arrow table of
-rows in, `input_ids` and, with `has_targets`, `targets` list columns out).
+BPE tokenizer trained), `training_texts(corpus, rows, part)` (the texts of those rows, to train a
+BPE tokenizer on) and `encoder(part)` (the batched function `Dataset.map` runs: an Arrow table
+of rows in, `input_ids` and, with `has_targets`, `targets` list columns out; `part` is the
+store's part it encodes, a data mixture's source, for its errors to name).
 """
 
 import hashlib
@@ -33,7 +34,11 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 
 from src.data.corpus.encoding import flat_column
 from src.data.corpus.hub import HubOptions
-from src.data.corpus.readers import content_fingerprint, separately_mapped_parts
+from src.data.corpus.readers import (
+    content_fingerprint,
+    resolve_files,
+    separately_mapped_parts,
+)
 from src.data.corpus.rows import BucketedBatches, PackedRows
 from src.data.corpus.token_store import StoreWriter, TokenStore, builder_name, load_or_build
 from src.data.corpus.tokenizers import (
@@ -54,8 +59,8 @@ from src.data.packing.packing import (
 )
 from src.data.sampler import SplitLoaders, check_one_batch, resumable_loader
 from src.data.splits import check_fractions, check_loader_options
-from src.data.text.stored_source import StoredSource
-from src.data.text.token_source import TokenSource
+from src.data.text.sources.stored import StoredSource
+from src.data.text.sources.token_source import TokenSource
 from src.utils.contracts import TOKENS
 from src.utils.errors import CheckpointError, ConfigError, DataError
 
@@ -161,10 +166,12 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     def read_corpus(self, files: list[Path], work_dir: Path) -> datasets.Dataset: ...
 
     @abstractmethod
-    def training_texts(self, corpus: datasets.Dataset, rows: np.ndarray) -> Iterator[str]: ...
+    def training_texts(
+        self, corpus: datasets.Dataset, rows: np.ndarray, part: int = 0
+    ) -> Iterator[str]: ...
 
     @abstractmethod
-    def encoder(self) -> Callable[[pa.Table, list[int]], pa.Table]: ...
+    def encoder(self, part: int = 0) -> Callable[[pa.Table, list[int]], pa.Table]: ...
 
     def tokenising_is_cheap(self) -> bool:
         """Whether tokenising runs at memory speed, so that worker processes would only add copies.
@@ -201,31 +208,41 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
     def store(self) -> TokenStore:
         """The token store of the source, tokenizer and options, built unless found.
 
-        Sets `self.tokenizer` (trained or loaded) unless a checkpoint's state set it.
+        Sets `self.tokenizer` (trained or loaded) unless a checkpoint's state set it. A data
+        mixture's sources are its parts, stored one after another.
         """
         if self.token_store is not None:
             return self.token_store
-        files = self.source.store_files()
-        source = f"{type(self).__name__}|{content_fingerprint(files)}|{self.source_options()}"
+        parts = self.source.store_parts()
+        contents = "+".join(content_fingerprint(files) for files in parts)
+        source = f"{type(self).__name__}|{contents}|{self.source_options()}"
         folder = self._store_folder()
         with TemporaryDirectory(dir=folder, prefix=f".work-{builder_name()}.") as work:
-            corpus = cache(partial(self.read_corpus, files, Path(work)))
+            corpora = cache(partial(self._read_parts, parts, Path(work)))
             if self.tokenizer is None:
                 self.tokenizer = build_tokenizer(
                     **self.tokenizer_options,
-                    training_texts=lambda: self._training_split_texts(corpus()),
+                    training_texts=lambda: self._training_split_texts(corpora()),
                     cache_dir=self.cache_dir,
                     cache_key=f"{source}|{self.split_seed}|{self.fractions}",
                 )
             fingerprint = self.tokenizer.fingerprint
             key = hashlib.sha256(f"{STORE_FORMAT}|{source}|{fingerprint}".encode()).hexdigest()
+            files = [file for files in parts for file in files]
             self.token_store = load_or_build(
                 folder,
                 key[:20],
-                lambda staging: self._write_store(corpus(), staging, key[:20]),
+                lambda staging: self._write_store(corpora(), staging, key[:20]),
                 what=str(files[0]) if len(files) == 1 else f"{len(files)} files",
             )
         return self.token_store
+
+    def resolve(self, paths: list[str], key: str) -> list[Path]:
+        """The files `paths` name (the config key `key`), hf:// datasets fetched by `hub`."""
+        return resolve_files(paths, key=key, hub=self.hub)
+
+    def _read_parts(self, parts: list[list[Path]], work_dir: Path) -> list[datasets.Dataset]:
+        return [self.read_corpus(files, work_dir / f"part-{n}") for n, files in enumerate(parts)]
 
     def _store_folder(self) -> Path:
         if self.cache_dir is not None:
@@ -235,10 +252,16 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
             self._scratch = TemporaryDirectory(prefix="token-store-")
         return Path(self._scratch.name)
 
-    def _training_split_texts(self, corpus: datasets.Dataset) -> Iterator[str]:
-        return self.training_texts(corpus, self.source.split_documents(len(corpus))["train"])
+    def _training_split_texts(self, corpora: list[datasets.Dataset]) -> Iterator[str]:
+        counts = [len(corpus) for corpus in corpora]
+        train = self.source.split_documents(counts)["train"]
+        for part, (corpus, start) in enumerate(
+            zip(corpora, np.cumsum([0, *counts[:-1]]), strict=True)
+        ):
+            mine = train[(train >= start) & (train < start + len(corpus))]
+            yield from self.training_texts(corpus, mine - start, part)
 
-    def _write_store(self, corpus: datasets.Dataset, staging: Path, key: str) -> None:
+    def _write_store(self, corpora: list[datasets.Dataset], staging: Path, key: str) -> None:
         """Tokenise with `Dataset.map` and copy its Arrow columns into the store.
 
         `datasets` caches `map` by fingerprint too, but it fingerprints local files by name and
@@ -251,23 +274,28 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
         """
         assert self.tokenizer is not None  # store() sets it before writing
         writer = StoreWriter(staging, key, self.tokenizer.vocab_size, self.has_targets)
-        for number, part in enumerate(separately_mapped_parts(corpus)):
-            for batch in self._tokenised(part, f"{key}-{number}"):
-                tokens, lengths = flat_column(batch.column("input_ids"))
-                targets = flat_column(batch.column("targets"))[0] if self.has_targets else None
-                writer.add(tokens, lengths, targets)
-        writer.finish(tokenizer=self.tokenizer.fingerprint)
-        log.info("Tokenised %d documents into %s", len(corpus), staging.parent)
+        for source, corpus in enumerate(corpora):
+            for number, part in enumerate(separately_mapped_parts(corpus)):
+                for batch in self._tokenised(part, source, f"{key}-{source}-{number}"):
+                    tokens, lengths = flat_column(batch.column("input_ids"))
+                    targets = flat_column(batch.column("targets"))[0] if self.has_targets else None
+                    writer.add(tokens, lengths, targets)
+        counts = [len(corpus) for corpus in corpora]
+        parts = {"part_documents": counts} if len(counts) > 1 else {}
+        writer.finish(tokenizer=self.tokenizer.fingerprint, **parts)
+        log.info("Tokenised %d documents into %s", sum(counts), staging.parent)
 
-    def _tokenised(self, part: datasets.Dataset, fingerprint: str) -> Iterator[pa.RecordBatch]:
-        """The record batches `Dataset.map` writes for `part`, in row order.
+    def _tokenised(
+        self, part: datasets.Dataset, source: int, fingerprint: str
+    ) -> Iterator[pa.RecordBatch]:
+        """The record batches `Dataset.map` writes for `part` of store part `source`, in order.
 
         Each file is deleted once read (the store keeps the tokens).
         """
         cheap = self.tokenising_is_cheap()
         workers = 1 if cheap else min(self.num_proc, len(part) // ROWS_PER_WORKER)
         tokenized = part.with_format("arrow").map(
-            self.encoder(),
+            self.encoder(source),
             batched=True,
             with_indices=True,
             num_proc=workers if workers > 1 else None,
@@ -414,7 +442,14 @@ class PackedTextDataModule(SplitLoaders, LightningDataModule, ABC):
 
     # -- loaders -----------------------------------------------------------------------------
 
-    def _loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
+    @property
+    def source_names(self) -> tuple[str, ...]:
+        """The sources of `data.mixture`, whose validation and test loaders come in this order."""
+        return self.source.names
+
+    def _loader(
+        self, split: str, batch_size: int, shuffle: bool
+    ) -> StatefulDataLoader | list[StatefulDataLoader]:
         return self.source.loader(split, batch_size, shuffle)
 
     def split_loader(self, rows: PackedRows, batch_size: int, shuffle: bool) -> StatefulDataLoader:

@@ -4,17 +4,20 @@ import re
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import datasets
 import numpy as np
 import pyarrow as pa
 
 from src.data.corpus.encoding import append_token, list_column
-from src.data.corpus.readers import read_documents, resolve_files
+from src.data.corpus.readers import read_documents
 from src.data.corpus.token_store import token_dtype
 from src.data.corpus.tokenizers import ByteTokenizer
 from src.data.text.packed_text import PackedTextDataModule
-from src.data.text.streamed_source import StreamedSource
+from src.data.text.sources.mixed import MixedSource
+from src.data.text.sources.mixture import parse_mixture
+from src.data.text.sources.streamed import StreamedSource
 from src.utils.errors import ConfigError
 
 # Named rules for cutting a .txt file into documents; any other value is a regular expression.
@@ -54,10 +57,19 @@ class TextDataModule(PackedTextDataModule):
         streaming: bool = False,
         packing_buffer: int = 1000,
         val_paths: str | list[str] | None = None,
+        mixture: list[dict[str, Any]] | None = None,
         **options,
     ):
         super().__init__(**options)
-        if streaming:
+        if mixture is not None:
+            if val_paths is not None:
+                raise ConfigError(
+                    "data.val_paths and data.mixture both name held-out files: give each "
+                    "source its own, data.mixture[i].val_paths"
+                )
+            sources = parse_mixture(mixture, streaming)
+            self.source = MixedSource(self, sources, packing_buffer if streaming else None)
+        elif streaming:
             held_out = None if val_paths is None else as_list(val_paths)
             self.source = StreamedSource(self, packing_buffer, held_out)
         self.paths = as_list(paths)
@@ -78,7 +90,7 @@ class TextDataModule(PackedTextDataModule):
             ) from error
 
     def source_files(self) -> list[Path]:
-        return resolve_files(self.paths, hub=self.hub)
+        return self.resolve(self.paths, "data.paths")
 
     def source_options(self) -> str:
         # With missing_text, a store built before rows without text were refused is not reused.
@@ -87,7 +99,9 @@ class TextDataModule(PackedTextDataModule):
     def read_corpus(self, files: list[Path], work_dir: Path) -> datasets.Dataset:
         return read_documents(files, self.separator, self.text_field, work_dir, self.missing_text)
 
-    def training_texts(self, corpus: datasets.Dataset, rows: np.ndarray) -> Iterator[str]:
+    def training_texts(
+        self, corpus: datasets.Dataset, rows: np.ndarray, part: int = 0
+    ) -> Iterator[str]:
         for batch in corpus.select(rows).iter(batch_size=1000):
             yield from batch["text"]
 
@@ -99,7 +113,7 @@ class TextDataModule(PackedTextDataModule):
         """
         return isinstance(self.tokenizer, ByteTokenizer)
 
-    def encoder(self):
+    def encoder(self, part: int = 0):
         return partial(encode_documents, tokenizer=self.tokenizer)
 
 

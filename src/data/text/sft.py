@@ -19,7 +19,6 @@ import datasets
 import numpy as np
 import pyarrow as pa
 
-from src.data.corpus.readers import resolve_files
 from src.data.text.chat_template import ChatTemplate
 from src.data.text.conversations import (
     Pieces,
@@ -31,6 +30,8 @@ from src.data.text.conversations import (
     synthetic_file,
 )
 from src.data.text.packed_text import PackedTextDataModule
+from src.data.text.sources.mixed import MixedSource
+from src.data.text.sources.mixture import parse_mixture
 from src.data.text.synthetic_sft import make_examples
 from src.utils.errors import ConfigError, DataError
 
@@ -64,9 +65,17 @@ class SFTDataModule(PackedTextDataModule):
         synthetic_seed: int = 0,
         allow_split: bool = False,
         exact_match_samples: int = 64,
+        mixture: list[dict[str, Any]] | None = None,
         **options,
     ):
         super().__init__(**options)
+        if mixture is not None:
+            if path is not None:
+                raise ConfigError(
+                    f"data.path={path!r} and data.mixture both name the conversations: set "
+                    f"data.path=null and list every file in the mixture's sources"
+                )
+            self.source = MixedSource(self, parse_mixture(mixture))
         if self.overlong == "split" and not allow_split:
             raise ConfigError(
                 "data.overlong=split would cut conversations in two, so that answers lose their "
@@ -81,7 +90,7 @@ class SFTDataModule(PackedTextDataModule):
 
     def source_files(self) -> list[Path]:
         if self.path is not None:
-            return resolve_files([self.path], key="data.path", hub=self.hub)
+            return self.resolve([self.path], "data.path")
         count, seed = self.synthetic
         name = f"sft-synthetic-{count}-{seed}.jsonl"
         return [synthetic_file(self.cache_dir, name, partial(make_examples, count, seed))]
@@ -90,7 +99,7 @@ class SFTDataModule(PackedTextDataModule):
         return self.template.key()
 
     def read_corpus(self, files: list[Path], work_dir: Path) -> datasets.Dataset:
-        not_text = f"data.path={self.path!r}: conversations are JSONL or Parquet, not .txt"
+        not_text = f"{[str(p) for p in files]}: conversations are JSONL or Parquet, not .txt"
         corpus = read_record_files(files, work_dir, not_text)
         if (
             not {"prompt", "response"} <= set(corpus.column_names)
@@ -104,24 +113,29 @@ class SFTDataModule(PackedTextDataModule):
             raise DataError(f"{[str(p) for p in files]} hold no examples")
         return corpus
 
-    def training_texts(self, corpus: datasets.Dataset, rows: np.ndarray) -> Iterator[str]:
-        where, renderer = self._where(), self.template.renderer()
+    def training_texts(
+        self, corpus: datasets.Dataset, rows: np.ndarray, part: int = 0
+    ) -> Iterator[str]:
+        where, renderer = self._where(part), self.template.renderer()
         for start in range(0, len(rows), 1000):
             chunk = rows[start : start + 1000]
             records = corpus.select(chunk).to_list()
             for pieces in render_rows(records, chunk.tolist(), renderer, where):
                 yield "".join(text for text, _ in pieces if text is not None)
 
-    def encoder(self) -> Callable[[pa.Table, list[int]], pa.Table]:
+    def encoder(self, part: int = 0) -> Callable[[pa.Table, list[int]], pa.Table]:
         self.template.check_end_of_turn(self.tokenizer)
         return partial(
             encode_conversations,
             tokenizer=self.tokenizer,
             template=self.template.renderer(),
-            where=self._where(),
+            where=self._where(part),
         )
 
-    def _where(self) -> str:
+    def _where(self, part: int) -> str:
+        """How errors name the conversations of store part `part`."""
+        if self.source_names:
+            return f"data.mixture[{part}] ({self.source_names[part]})"
         return "the synthetic set" if self.path is None else f"data.path={self.path}"
 
     # -- exact match -------------------------------------------------------------------------
@@ -136,7 +150,7 @@ class SFTDataModule(PackedTextDataModule):
         assert store.targets is not None  # SFT stores keep a target mask (has_targets)
         assert self.tokenizer is not None  # store() sets it
         examples = []
-        for document in self.source.split_documents(store.num_documents)[split]:
+        for document in self.source.split_documents(store.part_documents)[split]:
             begin, end = store.offsets[document], store.offsets[document + 1]
             tokens, targets = store.tokens[begin:end], store.targets[begin:end] != 0
             answer_start = np.flatnonzero(targets & ~np.concatenate(([False], targets[:-1])))[-1]

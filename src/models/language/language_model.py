@@ -23,7 +23,7 @@ from src.models.language.qwen.transformers_format.folders import (
     folder_layout,
 )
 from src.models.optimization import OptimizedModule, OptimizerFactory
-from src.utils.contracts import TOKENS, Adapter, ExactMatchExample, Tokenizer
+from src.utils.contracts import TOKENS, Adapter, ExactMatchExample, MixedData, Tokenizer
 from src.utils.errors import ConfigError
 
 # The checkpoint key naming the transformers folder whose unused tensors (a vision tower, MTP
@@ -134,17 +134,25 @@ class LanguageModel(OptimizedModule):
         )
         self.val_acc_best = MaxMetric()
         self.val_acc_best.persistent(True)  # in checkpoints, so a resumed run keeps its best
+        # A data mixture's evaluation sums, per stage one per source: made at each evaluation
+        # (the sources are the data's), and kept out of the module and its checkpoints.
+        self._source_sums: dict[str, list[tuple[str, dict[str, SumMetric]]]] = {}
         self._reset_step()
 
     def forward(self, input_ids, position_ids=None, cu_seqlens=None) -> torch.Tensor:
         return self.net(input_ids, position_ids=position_ids, cu_seqlens=cu_seqlens)
 
-    def metric_keys(self) -> set[str]:
-        """The metrics this module logs (src/run/metric_keys.py checks monitors against them)."""
+    def metric_keys(self, sources: Sequence[str] = ()) -> set[str]:
+        """The metrics this module logs (src/run/metric_keys.py checks monitors against them).
+
+        `sources`: a data mixture's, whose evaluation metrics it also logs each apart.
+        """
         keys = {"train/loss", "val/acc_best"}
         keys |= {f"train/{name}" for name in self.objective.step_metrics}
         names = self.objective.eval_metrics
-        keys |= {f"{stage}/{name}" for stage in ("val", "test") for name in names}
+        for stage in ("val", "test"):
+            keys |= {f"{stage}/{name}" for name in names}
+            keys |= {f"{stage}/sources/{s}/{name}" for s in sources for name in names}
         if sparse := self.net.sparse_layer_indices():
             keys |= {"train/aux_loss", "moe/load_max_over_mean", "moe/dispatched_bytes"}
             keys |= {f"moe/layer_{index}/load_max_over_mean" for index in sparse}
@@ -294,11 +302,21 @@ class LanguageModel(OptimizedModule):
             self.log(f"train/{name}", mean, on_step=True, prog_bar=name == "loss")
         self._reset_step()
 
-    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._accumulate_eval("val", batch)
+    def validation_step(
+        self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._accumulate_eval("val", batch, dataloader_idx)
 
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self._accumulate_eval("test", batch)
+    def test_step(
+        self, batch: dict[str, torch.Tensor], batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._accumulate_eval("test", batch, dataloader_idx)
+
+    def on_validation_epoch_start(self) -> None:
+        self._start_source_sums("val")
+
+    def on_test_epoch_start(self) -> None:
+        self._start_source_sums("test")
 
     def on_validation_epoch_end(self) -> None:
         self._log_eval("val")
@@ -306,14 +324,34 @@ class LanguageModel(OptimizedModule):
     def on_test_epoch_end(self) -> None:
         self._log_eval("test")
 
-    def _accumulate_eval(self, stage: str, batch: dict[str, torch.Tensor]) -> None:
+    def _start_source_sums(self, stage: str) -> None:
+        """Fresh sums for each source of a data mixture, one loader each, on every rank.
+
+        Every rank makes them all, so that each rank's sums meet the others' when computed.
+        """
+        datamodule = getattr(self.trainer, "datamodule", None)
+        names = datamodule.source_names if isinstance(datamodule, MixedData) else ()
+        self._source_sums[stage] = [
+            (source, {name: SumMetric().to(self.device) for name in self.objective.eval_sums})
+            for source in names
+        ]
+
+    def _accumulate_eval(
+        self, stage: str, batch: dict[str, torch.Tensor], dataloader_idx: int
+    ) -> None:
         loss_sum, units, metrics = self.objective.sums(self.net, batch)
         sums = cast(Mapping[str, SumMetric], self.eval_sums[stage])  # as built in __init__
+        per_source = self._source_sums.get(stage)
         for name, value in {"loss": loss_sum, "units": units, **metrics}.items():
             sums[name].update(value)
+            if per_source:
+                per_source[dataloader_idx][1][name].update(value)
 
     def _log_eval(self, stage: str) -> None:
-        """Log the objective's metrics over the whole split, and val/acc_best (its best)."""
+        """Log the objective's metrics over the whole split, and val/acc_best (its best).
+
+        With a data mixture, also each source's, as `<stage>/sources/<name>/<metric>`.
+        """
         sums = cast(Mapping[str, SumMetric], self.eval_sums[stage])  # as built in __init__
         metrics = self.objective.evaluation({name: sum_.compute() for name, sum_ in sums.items()})
         for name, value in metrics.items():
@@ -323,6 +361,10 @@ class LanguageModel(OptimizedModule):
             self.log("val/acc_best", self.val_acc_best.compute())
         for metric in sums.values():
             metric.reset()
+        for source, source_sums in self._source_sums.pop(stage, []):
+            computed = {name: sum_.compute() for name, sum_ in source_sums.items()}
+            for name, value in self.objective.evaluation(computed).items():
+                self.log(f"{stage}/sources/{source}/{name}", value)
 
     def _reset_step(self) -> None:
         self._step_normaliser = None

@@ -46,7 +46,7 @@ from src.data.text.preference import reference_logps
 from src.data.text.preference.records import pair_of, render_pairs
 from src.data.text.preference.rows import PairRows, collate_pairs, fit_pairs, prompt_lengths
 from src.data.text.preference.synthetic import make_pairs
-from src.data.text.stored_source import StoredSource
+from src.data.text.sources.stored import StoredSource
 from src.utils.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,9 @@ class PreferenceDataModule(PackedTextDataModule):
         self.json_columns = tuple(c for c in features if isinstance(features[c], datasets.Json))
         return corpus
 
-    def training_texts(self, corpus: datasets.Dataset, rows: np.ndarray) -> Iterator[str]:
+    def training_texts(
+        self, corpus: datasets.Dataset, rows: np.ndarray, part: int = 0
+    ) -> Iterator[str]:
         renderer = self.template.renderer()
         for start in range(0, len(rows), 1000):
             chunk = rows[start : start + 1000].tolist()
@@ -123,7 +125,7 @@ class PreferenceDataModule(PackedTextDataModule):
             ):
                 yield "".join(text for text, _ in pieces if text is not None)
 
-    def encoder(self) -> Callable[[pa.Table, list[int]], pa.Table]:
+    def encoder(self, part: int = 0) -> Callable[[pa.Table, list[int]], pa.Table]:
         self.template.check_end_of_turn(self.tokenizer)
         return partial(
             encode_pairs,
@@ -253,7 +255,7 @@ class PairSource(StoredSource):
     """The stored source of preference pairs: its splits are drawn over pairs, not documents."""
 
     def setup(self, store: TokenStore) -> None:
-        splits = self.split_documents(store.num_documents // 2)
+        splits = self.split_documents([store.num_documents // 2])
         self.datasets, self.accounting = self.module.store_splits(store, splits)
 
 

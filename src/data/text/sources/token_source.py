@@ -1,12 +1,13 @@
 """The contract between a text datamodule and the source of its token rows.
 
-`data.streaming` picks the source: `StoredSource` (`src.data.text.stored_source`) serves every
-split from the token store of the corpus; `StreamedSource` (`src.data.text.streamed_source`)
+`data.streaming` picks the source: `StoredSource` (`src.data.text.sources.stored`) serves every
+split from the token store of the corpus; `StreamedSource` (`src.data.text.sources.streamed`)
 streams the training rows and serves validation and test from the store of held-out files.
 The datamodule builds the store, owns the tokenizer (all its checkpoints keep) and collates;
 the source says what the store holds, how its documents split, and what each loader reads.
 """
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,21 +28,28 @@ class TokenSource(Protocol):
 
     datasets: dict[str, PackedRows]  # the rows of each split the store serves, once set up
     accounting: dict[str, TokenAccounting]  # what the over-long policy did, per split
+    # A data mixture's sources, which validation and test serve a loader each; else empty.
+    names: tuple[str, ...]
 
-    def store_files(self) -> list[Path]:
-        """The files the token store is built from."""
+    def store_parts(self) -> list[list[Path]]:
+        """The files the token store is built from, in parts (a mixture's sources; else one)."""
         ...
 
-    def split_documents(self, count: int) -> dict[str, np.ndarray]:
-        """The store's document indices of each split it serves, of `count` documents."""
+    def split_documents(self, counts: Sequence[int]) -> dict[str, np.ndarray]:
+        """The store's document indices of each split it serves, given each part's count."""
         ...
 
     def setup(self, store: TokenStore) -> None:
         """Fill `datasets` and `accounting` (the training split's included) from `store`."""
         ...
 
-    def loader(self, split: str, batch_size: int, shuffle: bool) -> StatefulDataLoader:
-        """The resumable loader of `split`: its position goes into checkpoints."""
+    def loader(
+        self, split: str, batch_size: int, shuffle: bool
+    ) -> StatefulDataLoader | list[StatefulDataLoader]:
+        """The resumable loader of `split`: its position goes into checkpoints.
+
+        A mixture's validation and test have one per source, in the order of `names`.
+        """
         ...
 
     def packing_metrics(self) -> dict[str, float]:

@@ -133,7 +133,7 @@ def test_a_down_weighted_source_shows_new_rows_each_epoch_until_its_pass_ends():
 
 
 def test_the_draws_are_the_endless_passes_of_each_source():
-    rows = np.concatenate([endless_rows(7, 3, epoch, [1, 0]) for epoch in range(7)])
+    rows = torch.cat([endless_rows(7, 3, epoch, [1, 0]) for epoch in range(7)])
     passes = rows.reshape(3, 7)  # 21 rows: three whole passes over 7
     assert all(sorted(p) == list(range(7)) for p in passes.tolist())
     assert len({tuple(p) for p in passes.tolist()}) == 3

@@ -149,19 +149,20 @@ def rows_per_epoch(weights: Sequence[float], total: int) -> np.ndarray:
     return counts
 
 
-def endless_rows(size: int, count: int, epoch: int, seed: Sequence[int]) -> np.ndarray:
+def endless_rows(size: int, count: int, epoch: int, seed: Sequence[int]) -> torch.Tensor:
     """Rows `epoch * count` to `(epoch + 1) * count` of one source's endless shuffled passes.
 
     Pass p over the source's `size` rows is a permutation drawn from `seed` and p.
     """
-    drawn = np.arange(epoch * count, (epoch + 1) * count, dtype=np.int64)
-    passes, positions = np.divmod(drawn, size)
-    rows = np.empty(count, dtype=np.int64)
-    for number in np.unique(passes):
-        order = np.random.default_rng([*seed, int(number)]).permutation(size)
-        mine = passes == number
-        rows[mine] = order[positions[mine]]
-    return rows
+    first, pieces = epoch * count, []
+    while count:
+        number, position = divmod(first, size)
+        take = min(count, size - position)
+        pass_seed = np.random.SeedSequence([*seed, number]).generate_state(1, np.uint64)[0]
+        generator = torch.Generator().manual_seed(int(pass_seed) % 2**63)
+        pieces.append(torch.randperm(size, generator=generator)[position : position + take])
+        first, count = first + take, count - take
+    return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.int64)
 
 
 class MixtureSampler(ResumableDistributedSampler):
@@ -179,12 +180,12 @@ class MixtureSampler(ResumableDistributedSampler):
     def epoch_indices(self) -> torch.Tensor:
         starts = np.concatenate(([0], np.cumsum(self.sizes)[:-1]))
         drawn = [
-            start + endless_rows(int(size), int(count), self.epoch, [self.seed, source])
+            int(start) + endless_rows(int(size), int(count), self.epoch, [self.seed, source])
             for source, (start, size, count) in enumerate(
                 zip(starts, self.sizes, self.counts, strict=True)
             )
         ]
-        indices = torch.from_numpy(np.concatenate(drawn))
+        indices = torch.cat(drawn)
         if not self.shuffle:
             return indices
         generator = torch.Generator().manual_seed(self.seed + self.epoch)

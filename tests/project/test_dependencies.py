@@ -74,6 +74,11 @@ ADVISORIES = [
     # MLflow's default credentials and a missing authorisation (CVE-2026-2635, CVE-2026-8147),
     # reported against mlflow-skinny 3.12 with 3.13.0 as the fix; no GHSA names mlflow-skinny.
     Advisory("mlflow-skinny", "CVE-2026-8147", "3.13.0", ("3.12.0",)),
+    # The session's Vary: Cookie header missing on some accesses (CVE-2026-27205).
+    Advisory("flask", "CVE-2026-27205", "3.1.3", ("3.1.2",)),
+    # CORS rules matched against a path with '+' read as a space (CVE-2024-6844), and two more
+    # path-matching flaws fixed in the same release (CVE-2024-6839, CVE-2024-6866).
+    Advisory("flask-cors", "CVE-2024-6844", "6.0.0", ("4.0.1",)),
     # tmp_path's /tmp/pytest-of-<user> can be owned by another local user (CVE-2025-71176).
     Advisory("pytest", "GHSA-6w46-j5rx-g56g", "9.0.3", ("8.4.2", "9.0.2")),
     # Script injection through the search suggestions' `q` parameter (CVE-2026-73295).

@@ -9,6 +9,7 @@ from src.data.corpus.tokenizers import ByteTokenizer
 from src.data.packing.collate import collate_rows
 from src.data.text.pretraining import encode_documents
 from src.data.text.streaming import StreamedRows
+from tests.helpers import assert_same_tensors
 
 TOKENIZER = ByteTokenizer()
 COLLATE = partial(collate_rows, pad_id=TOKENIZER.pad_token_id, row_length=48)
@@ -59,3 +60,15 @@ def document_numbers(rows) -> list[int]:
 def batches(loader, count: int) -> list[dict]:
     iterator = iter(loader)
     return [next(iterator) for _ in range(count)]
+
+
+def assert_loader_resumes(loader, stop: int, total: int) -> None:
+    """A loader from `loader()` stopped after `stop` batches and a new one loaded with its
+    state yield the `total` batches an uninterrupted one does."""
+    expected = batches(loader(), total)
+    first = loader()
+    head = batches(first, stop)
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert_same_tensors(expected, head + batches(resumed, total - stop), "batches")

@@ -20,13 +20,12 @@ from src.data.text.sources.mixture import (
     rows_per_epoch,
 )
 from src.utils.errors import ConfigError, DataError
-from tests.data.streams import COLLATE, batches, stream
+from tests.data.streams import COLLATE, assert_loader_resumes, stream
 from tests.helpers import (
     FAST,
     RESUMABLE_EVERY_STEP,
     TINY_LM,
     assert_resumes_exactly,
-    assert_same_tensors,
     compose_config,
 )
 from train import train
@@ -355,13 +354,7 @@ def test_a_mixed_stream_resumed_from_its_loader_state_yields_the_uninterrupted_b
         )
 
     (tmp_path / "new").mkdir()
-    expected = batches(loader(), 30)
-    first = loader()
-    head = batches(first, 13)
-    state = first.state_dict()
-    resumed = loader()
-    resumed.load_state_dict(state)
-    assert_same_tensors(expected, head + batches(resumed, 17), "batches")
+    assert_loader_resumes(loader, stop=13, total=30)
 
 
 # -- whole runs --------------------------------------------------------------------------------

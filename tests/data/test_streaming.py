@@ -24,6 +24,7 @@ from src.utils.errors import ConfigError, DataError, MissingFileError, user_mess
 from tests.data.streams import (
     COLLATE,
     TOKENIZER,
+    assert_loader_resumes,
     batches,
     document,
     document_numbers,
@@ -119,13 +120,7 @@ def test_a_stream_resumed_from_its_loader_state_yields_the_uninterrupted_batches
             collate_fn=COLLATE,
         )
 
-    expected = batches(loader(), 40)
-    first = loader()
-    head = batches(first, 23)
-    state = first.state_dict()
-    resumed = loader()
-    resumed.load_state_dict(state)
-    assert_same_tensors(expected, head + batches(resumed, 17), "batches")
+    assert_loader_resumes(loader, stop=23, total=40)
 
 
 def as_tuples(rows) -> list[list[tuple]]:

@@ -159,7 +159,7 @@ class MixedSource:
             metrics = first_rows_metrics(self.module, rows)
             sizes = [len(buffer) for buffer in self.first_rows]
             tokens = [sum(len(s) for row in buffer for s in row) for buffer in self.first_rows]
-            drawn = np.asarray(self.weights) * 1.0  # shares of the rows, not counts
+            drawn = np.asarray(self.weights, dtype=np.float64)  # shares of the rows, not counts
         else:
             train = self.datasets["train"]
             metrics = self.module.row_metrics(train.row_lengths(), len(train.pieces))

@@ -26,14 +26,8 @@ QwenLM.flops_per_token against the device's peak per precision: a GPU's dense da
 probe, run here.
 `--memory` adds each implementation's peak memory over two training steps, each in a fresh
 process: its peak resident memory on a CPU, the most CUDA memory it allocated on a GPU.
-`--finetune` trains QwenLM alone instead, six ways, each in its own process: every weight
-(full fine-tuning), LoRA r=16 adapters on the frozen base, or QLoRA (the same adapters on the
-base's linear weights stored as NF4, the rest of the base in bf16, `adapter=qlora`), each with
-activation checkpointing off and on (`--variants` picks some); it reports trainable parameters,
-the model's bytes as stored (metrics.json's `model/parameter_bytes`), peak memory over the
-training steps (the peak is reset once the model is built, so that loading a base in fp32
-before quantising it is not counted), the median step and MFU (counting full training's FLOPs
-for every variant: LoRA skips the base's weight gradients).
+`--finetune` compares fine-tuning variants instead: full, LoRA and QLoRA, with activation
+checkpointing off and on, for QwenLM and transformers' model (`scripts/bench_finetune.py`).
 """
 
 import argparse
@@ -60,12 +54,9 @@ from benchmarks import (
 )
 
 from src.callbacks.measurement.peak_flops import gpu_peak_flops, measure_matmul_flops, synchronize
-from src.models.language.adapters import build_adapter
-from src.models.language.lora.quantization import Quantization
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.utils.contracts import IGNORE_INDEX
 from src.utils.error_boundary import exit_in_one_line
-from src.utils.tensor_bytes import module_bytes
 from src.utils.transformers_fallback import use_pytorch_kernels_in_transformers
 
 # Short names for the tiny configs; `--models` also takes any conf/model/<name>.yaml of the LM.
@@ -77,22 +68,8 @@ COLUMNS = (
     "ours MFU", "transformers MFU", "cold start ours / transformers", "max abs Δ logits",
     "rel Δ loss",
 )  # fmt: skip
-# --finetune: the adapter's values (none: full fine-tuning) per variant, and its name for
-# --variants; each runs with activation checkpointing off and on.
-LORA = {"r": 16, "alpha": 32, "dropout": 0.0}
-QLORA = {**LORA, "quantization": Quantization().to_dict()}  # NF4, bf16: conf/adapter/qlora.yaml
-ADAPTERS = {
-    "full": ("full", None),
-    "lora": ("LoRA r=16", LORA),
-    "qlora": ("QLoRA r=16 (NF4, bf16)", QLORA),
-}
-FINETUNE_VARIANTS = {
-    f"{label}{', activation checkpointing' if checkpointed else ''}": (name, values, checkpointed)
-    for name, (label, values) in ADAPTERS.items()
-    for checkpointed in (False, True)
-}
-FINETUNE_COLUMNS = ("model", "precision", "variant", "trainable params", "parameter bytes",
-                    "peak memory", "step", "tok/s", "MFU", "cold start")  # fmt: skip
+# --finetune's adapters (scripts/bench_finetune.py), each with activation checkpointing off and on.
+FINETUNE_ADAPTERS = ("full", "lora", "qlora")
 MEMORY_COLUMNS = ("ours peak memory", "transformers peak memory", "memory ratio")
 # --vocab-size, --hidden-size, --layers: the config keys they resize.
 RESIZING = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "layers": "num_hidden_layers"}
@@ -131,9 +108,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--variants",
         nargs="+",
-        choices=list(ADAPTERS),
-        default=list(ADAPTERS),
+        choices=FINETUNE_ADAPTERS,
+        default=list(FINETUNE_ADAPTERS),
         help="--finetune: which of them (each with activation checkpointing off and on)",
+    )
+    parser.add_argument(
+        "--implementations",
+        nargs="+",
+        choices=IMPLEMENTATIONS,
+        default=["ours"],
+        help="--finetune: QwenLM (ours), transformers' model (peft's LoRA, no QLoRA) or both",
     )
     parser.add_argument("--output", type=Path, help="write the Markdown table there too")
     parser.add_argument("--profile", action="store_true", help="print each one's costliest ops")
@@ -292,57 +276,6 @@ def peak_memory_here(implementation: str, folder: str, precision: str, options: 
     print(json.dumps({"peak_bytes": peak_bytes(args.device)}))
 
 
-def finetune_here(folder: str, variant: str, precision: str, options: str) -> None:
-    """`finetune`'s child: one FINETUNE_VARIANTS variant of QwenLM from `folder`, trained on one
-    batch: the first step (cold), one warm-up, then `repeats` rounds of `steps` steps."""
-    args = child_args(options)
-    _, adapter, checkpointed = FINETUNE_VARIANTS[variant]
-    net = QwenLM.from_pretrained(folder)
-    for layer in net.model.layers:
-        layer.checkpointed = checkpointed
-    build_adapter(net, adapter, folder)
-    runner = Runner(net.to(args.device), batch_of(net.config.vocab_size, args),
-                    precision == "bf16-mixed", calls_transformers=False)  # fmt: skip
-    reset_peak(args.device)
-    cold = runner.timed(1)
-    runner.timed(1)
-    rounds = [runner.timed(args.steps) / args.steps for _ in range(args.repeats)]
-    trainable = sum(p.numel() for p in net.parameters() if p.requires_grad)
-    result = {"cold_s": cold, "step_s": statistics.median(rounds), "trainable": trainable}
-    stored = {"parameter_bytes": module_bytes(net), "parameters": net.num_parameters()}
-    print(json.dumps({**result, **stored, "peak_bytes": peak_bytes(args.device)}))
-
-
-def finetune(kind: str, precision: str, args, peaks) -> list[dict[str, str]]:
-    """Full fine-tuning against LoRA, each with and without activation checkpointing, every
-    variant in its own process (peak memory is per process)."""
-    config = resized(model_config(MODELS.get(kind, kind), args.quick), args)
-    torch.manual_seed(0)
-    rows = []
-    peak = peaks["bf16" if precision == "bf16-mixed" else "fp32"][0]
-    with tempfile.TemporaryDirectory() as folder:
-        net = QwenLM(config)
-        flops = net.flops_per_token(args.seq_len)  # full training's, whatever trains
-        net.save_pretrained(folder)
-        del net
-        chosen = [v for v, (name, *_) in FINETUNE_VARIANTS.items() if name in args.variants]
-        for variant in chosen:
-            call = f"finetune_here({folder!r}, {variant!r}, {precision!r}, {child_options(args)!r})"
-            result = in_fresh_process("bench_lm", call)
-            tokens = args.batch_size * args.seq_len
-            rows.append({
-                "model": kind, "precision": precision, "variant": variant,
-                "trainable params": f"{result['trainable'] / 1e6:,.2f}M",
-                "parameter bytes": f"{result['parameter_bytes'] / 2**20:,.0f} MiB "
-                f"({result['parameter_bytes'] / result['parameters']:.2f} B/param)",
-                "peak memory": f"{result['peak_bytes'] / 2**30:.2f} GiB",
-                "step": f"{result['step_s']:.2f} s", "tok/s": f"{tokens / result['step_s']:,.0f}",
-                "MFU": f"{tokens / result['step_s'] * flops / peak:.1%}",
-                "cold start": f"{result['cold_s']:.2f} s",
-            })  # fmt: skip
-    return rows
-
-
 def resized(config, args):
     changes = {key: getattr(args, arg) for arg, key in RESIZING.items() if getattr(args, arg)}
     if "num_hidden_layers" in changes:
@@ -424,6 +357,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, str]]:
         "bf16": mfu_peak(torch.bfloat16, size, args.device),
     }
     if args.finetune:
+        from bench_finetune import FINETUNE_COLUMNS, finetune
+
         rows = [
             r for k in args.models for p in args.precisions for r in finetune(k, p, args, peaks)
         ]

@@ -2,11 +2,11 @@
 second name of the newest periodic checkpoint, not a second copy."""
 
 import errno
-import signal
+import multiprocessing
 import subprocess
 import sys
-import textwrap
 import time
+from pathlib import Path
 
 import hydra
 import pytest
@@ -25,7 +25,6 @@ from src.utils.files import link_atomically, write_atomically
 from src.utils.weights import load_checkpoint
 from tests.helpers import (
     FAST,
-    ROOT,
     assert_same_tensors,
     compose_config,
     run_script,
@@ -148,29 +147,31 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint(tmp_path, monke
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]
 
 
-WRITER = textwrap.dedent("""
-    import sys, torch
-    from src.checkpoints.io import save_atomically
+def write_forever(path: Path, saved) -> None:
+    """Save a 16 MB checkpoint over and over, a new version each time; `saved` is set once the
+    first save is complete."""
     version = 0
     while True:
         version += 1
         big = torch.full((4_000_000,), float(version))  # 16 MB: a save takes a while
-        save_atomically({"version": version, "weights": big}, sys.argv[1])
-        print(version, flush=True)
-""")
+        save_atomically({"version": version, "weights": big}, path)
+        saved.set()
 
 
 @pytest.mark.slow
 def test_a_process_killed_while_saving_leaves_a_loadable_checkpoint(tmp_path):
     path = tmp_path / "last.ckpt"
+    # Each writer is forked from the warm interpreters' server (tests/warm_interpreter.py), which
+    # has imported torch and Lightning: it starts in a second where a fresh one takes several.
+    processes = multiprocessing.get_context("forkserver")
     for delay in (0.9, 1.3, 1.7):
-        writer = subprocess.Popen(
-            [sys.executable, "-c", WRITER, str(path)], cwd=ROOT, stdout=subprocess.PIPE, text=True
-        )
-        writer.stdout.readline()  # at least one complete save
+        saved = processes.Event()
+        writer = processes.Process(target=write_forever, args=(path, saved))
+        writer.start()
+        assert saved.wait(timeout=300), "the writer completed no save"
         time.sleep(delay - 0.8)
-        writer.send_signal(signal.SIGKILL)
-        writer.wait()
+        writer.kill()  # SIGKILL
+        writer.join()
         checkpoint = load_checkpoint(path)
         assert torch.all(checkpoint["weights"] == checkpoint["version"])
 

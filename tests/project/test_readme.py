@@ -141,6 +141,8 @@ def train_overrides(args: list[str]) -> tuple[list[str], list[str]]:
         defaults.append("trainer.limit_train_batches=8")
     if any(arg.startswith("+tune=lr_find") for arg in args):  # enough points for a suggestion
         defaults += ["trainer.limit_train_batches=null", "callbacks.lr_find.num_training_steps=20"]
+    if "trainer.strategy=ddp_spawn" in args:  # its ranks start afresh for fit and again for test
+        defaults.append("test=false")  # the test stage: tests/run/test_distributed.py's multirun
     if any(arg.startswith(("experiment=lm_", "model=qwen")) for arg in args):
         defaults += ["trainer.max_steps=2", *TINY_LM]
     if "experiment=lm_sft" in args:

@@ -630,7 +630,9 @@ def test_a_pruned_trial_stops_early_and_is_recorded_as_pruned(tmp_path):
 @pytest.mark.slow
 def test_every_rank_of_a_ddp_trial_stops_when_it_is_pruned(tmp_path):
     # Had rank 1 trained on alone, it would wait for rank 0 in its next all-reduce: no exit.
-    study = search(tmp_path, *PRUNE_AT_ONCE, "trainer=ddp_cpu", "trainer.strategy=ddp_spawn")
+    # No test stage: ddp_spawn would start both ranks afresh for it.
+    ddp = ["trainer=ddp_cpu", "trainer.strategy=ddp_spawn", "test=false"]
+    study = search(tmp_path, *PRUNE_AT_ONCE, *ddp)
 
     assert_pruned_after_one_epoch(study, tmp_path)
 

@@ -2,31 +2,33 @@
 outlives its process."""
 
 import json
+import multiprocessing
 import os
-import signal
-import subprocess
-import sys
+import time
+from multiprocessing.process import BaseProcess
+from pathlib import Path
 
 import pytest
 
 from src.run.run_lock import LOCK_FILE, RunDirInUse, run_dir_lock
-from tests.helpers import FAST, ROOT, run_train
-
-HOLD = (
-    "import sys, time\n"
-    "from src.run.run_lock import run_dir_lock\n"
-    "with run_dir_lock(sys.argv[1]):\n"
-    "    print('locked', flush=True)\n"
-    "    time.sleep(120)\n"
-)
+from tests.helpers import FAST, run_train
 
 
-def holding_process(run_dir) -> subprocess.Popen:
-    """A process that holds the lock on `run_dir` until it is killed."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(run_dir)], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
-    assert process.stdout.readline().strip() == "locked"
+def hold_the_lock(run_dir: Path, locked) -> None:
+    with run_dir_lock(run_dir):
+        locked.set()
+        time.sleep(120)
+
+
+def holding_process(run_dir) -> BaseProcess:
+    """A process that holds the lock on `run_dir` until it is killed. Forked from the warm
+    interpreters' server (tests/warm_interpreter.py), which has imported the libraries: it starts
+    in a second where a fresh one takes several."""
+    processes = multiprocessing.get_context("forkserver")
+    locked = processes.Event()
+    process = processes.Process(target=hold_the_lock, args=(run_dir, locked))
+    process.start()
+    assert locked.wait(timeout=120), "the holder took no lock"
     return process
 
 
@@ -44,14 +46,14 @@ def test_a_directory_locked_by_a_live_process_is_refused_naming_it(tmp_path):
         assert "hydra.run.dir" in message, message
     finally:
         holder.kill()
-        holder.wait()
+        holder.join()
 
 
 @pytest.mark.slow
 def test_the_lock_of_a_process_killed_with_sigkill_does_not_block_the_next_run(tmp_path):
     holder = holding_process(tmp_path)
-    holder.send_signal(signal.SIGKILL)
-    holder.wait()
+    holder.kill()  # SIGKILL
+    holder.join()
     recorded = json.loads((tmp_path / LOCK_FILE).read_text())
     assert recorded["pid"] == holder.pid  # the dead process's record is still there
     with run_dir_lock(tmp_path):
@@ -70,7 +72,7 @@ def test_a_second_training_into_a_run_dir_in_use_is_refused_before_hydra_writes_
         result = run_train([*FAST], tmp_path, check=False, timeout=120)
     finally:
         holder.kill()
-        holder.wait()
+        holder.join()
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     last_line = result.stderr.strip().splitlines()[-1]

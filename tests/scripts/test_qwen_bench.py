@@ -1,13 +1,12 @@
-"""scripts/bench_lm.py in --quick mode: the report's format, never its timings."""
+"""scripts/bench_lm.py in --quick mode: the report's format, never its timings. `--memory` is
+checked on scripts/gpu_check.sh's dry run (tests/scripts/test_gpu_check.py), which runs it."""
 
 import re
 
 import pytest
 import torch
-from benchmarks import model_config
 
 from scripts.bench_lm import main as bench_main
-from src.models.language.qwen import QwenConfig, QwenLM
 
 HEADER = (
     "| model | precision | params | ours tok/s | transformers tok/s | speedup | ours MFU "
@@ -61,23 +60,9 @@ def test_device_cuda_without_a_gpu_is_refused_rather_than_benchmarking_the_cpu(c
 
 
 @pytest.mark.slow
-def test_memory_adds_each_implementations_peak_measured_in_its_own_process():
-    (row,) = bench_main(["--quick", "--memory", "--models", "dense", "--precisions", "fp32",
-                         "--vocab-size", "4096", "--layers", "1"])  # fmt: skip
-    ours, theirs = (
-        float(row[f"{name} peak memory"].split()[0]) for name in ("ours", "transformers")
-    )
-    assert 0.1 < ours < 64, row
-    assert 0.1 < theirs < 64, row
-    assert float(row["memory ratio"][:-1]) == pytest.approx(ours / theirs, abs=0.02)
-    resizing = {"vocab_size": 4096, "num_hidden_layers": 1, "layer_types": None}
-    config = QwenConfig.from_dict({**model_config("qwen3_tiny", quick=True).to_dict(), **resizing})
-    assert row["params"] == f"{QwenLM(config).num_parameters() / 1e6:.2f}M"
-
-
-@pytest.mark.slow
 def test_finetune_compares_full_training_with_lora_with_and_without_recomputation():
-    """QLoRA's rows run in scripts/gpu_check.sh's dry run (tests/scripts/test_gpu_check.py)."""
+    """Ours, and transformers' LoRA; QLoRA's rows run in scripts/gpu_check.sh's dry run
+    (tests/scripts/test_gpu_check.py)."""
     argv = ["--quick", "--finetune", "--models", "dense", "--precisions", "fp32"]
     rows = bench_main([*argv, "--variants", "full", "lora"])
     assert [row["variant"] for row in rows] == [
@@ -96,3 +81,11 @@ def test_finetune_compares_full_training_with_lora_with_and_without_recomputatio
         # QLoRA's fewer bytes are tests/models/test_qlora.py's: --quick's projections are too
         # small for NF4's blocks and stay in bf16.
         assert re.fullmatch(r"[\d,]+ MiB \(\d+\.\d\d B/param\)", row["parameter bytes"]), row
+    # transformers' model with peft's LoRA on the same projections trains as many weights.
+    theirs = bench_main([*argv, "--variants", "lora", "--implementations", "transformers"])
+    assert [(row["implementation"], row["variant"]) for row in theirs] == [
+        ("transformers", "LoRA r=16"),
+        ("transformers", "LoRA r=16, activation checkpointing"),
+    ]
+    assert {row["trainable params"] for row in theirs} == {f"{trainable['LoRA r=16']:.2f}M"}
+    assert {row["implementation"] for row in rows} == {"ours"}

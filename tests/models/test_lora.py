@@ -13,7 +13,6 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from safetensors.torch import load_file, save_file
 
-from scripts.export import write_export
 from scripts.generate import main as generate_main
 from src.checkpoints.restore import restore
 from src.data.corpus.tokenizers import ByteTokenizer
@@ -638,11 +637,11 @@ def test_qwen3_0_6b_with_lora_trains_two_steps_and_exports_for_peft_on_a_cpu(tmp
     b_matrices = [v for k, v in checkpoint["state_dict"].items() if "lora_B" in k]
     assert len(b_matrices) == 28 * 7
     assert max(b.abs().max() for b in b_matrices) > 1e-3
-    # One restore for the export and the logits: what `scripts/export.py format=peft` writes,
-    # by the script's own function (test_the_scripts_export_a_lora_run_for_peft_and_merged
-    # runs the script itself).
+    # One restore for the export and the logits: the peft folder `scripts/export.py
+    # format=peft` writes, by the function it calls (test_the_scripts_export_a_lora_run_for_peft_
+    # and_merged runs the script itself).
     restored = restore(last)
-    write_export(restored, "peft", tmp_path / "peft")
+    export_peft(restored.model, tmp_path / "peft")
     tokens = torch.randint(0, config.vocab_size, (1, 32))
     with torch.no_grad():
         ours = restored.model.net.float()(tokens)

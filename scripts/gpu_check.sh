@@ -99,7 +99,9 @@ else
         trainer.precision=32-true data.max_seq_len=128 data.batch_size=4 "${SFT[@]}"
     train moe lm_text "${MOE[@]}" trainer.accelerator=cpu trainer.precision=32-true \
         trainer.log_every_n_steps=2 data.max_seq_len=64 data.batch_size=4
-    step bench_lm $PY scripts/bench_lm.py --device cpu --quick --output "$OUT_DIR/bench_lm.md"
+    # One model and precision: every --quick row is tests/scripts/test_qwen_bench.py's.
+    step bench_lm $PY scripts/bench_lm.py --device cpu --quick --models dense --precisions fp32 \
+        --output "$OUT_DIR/bench_lm.md"
     step bench_vocab $PY scripts/bench_lm.py --device cpu --quick --models dense --precisions fp32 \
         --vocab-size 4096 --layers 1 --memory --output "$OUT_DIR/bench_vocab.md"
     # QLoRA: full fine-tuning's and LoRA's rows are tests/scripts/test_qwen_bench.py's.

@@ -16,7 +16,7 @@ from src.data.corpus.token_store import token_dtype
 from src.data.corpus.tokenizers import ByteTokenizer
 from src.data.text.packed_text import PackedTextDataModule
 from src.data.text.sources.mixed import MixedSource
-from src.data.text.sources.mixture import parse_mixture
+from src.data.text.sources.mixture import as_list, parse_mixture
 from src.data.text.sources.streamed import StreamedSource
 from src.utils.errors import ConfigError
 
@@ -115,10 +115,6 @@ class TextDataModule(PackedTextDataModule):
 
     def encoder(self, part: int = 0):
         return partial(encode_documents, tokenizer=self.tokenizer)
-
-
-def as_list(paths: str | Path | list[str]) -> list[str]:
-    return [str(p) for p in ([paths] if isinstance(paths, str | Path) else paths)]
 
 
 def encode_documents(table: pa.Table, indices: list[int], tokenizer) -> pa.Table:

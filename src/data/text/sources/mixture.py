@@ -25,7 +25,7 @@ import glob
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import PurePath, PurePosixPath
 from typing import Any
 
 import numpy as np
@@ -88,7 +88,7 @@ def _checked_entry(entry: Any, index: int, streaming: bool) -> dict[str, Any]:
         or not 0 < weight < float("inf")
     ):
         raise ConfigError(f"{where}.weight={weight!r}: give a positive number, the source's share")
-    entry["paths"] = _as_list(entry["paths"])
+    entry["paths"] = as_list(entry["paths"])
     if streaming and not entry.get("val_paths"):
         raise ConfigError(
             f"{where}: with data.streaming=true each source validates on held-out files of its "
@@ -100,12 +100,13 @@ def _checked_entry(entry: Any, index: int, streaming: bool) -> dict[str, Any]:
             f"data.val_fraction of its own documents: remove it"
         )
     if entry.get("val_paths"):
-        entry["val_paths"] = _as_list(entry["val_paths"])
+        entry["val_paths"] = as_list(entry["val_paths"])
     return entry
 
 
-def _as_list(paths: Any) -> list[str]:
-    return [str(paths)] if isinstance(paths, str) else [str(path) for path in paths]
+def as_list(paths: str | PurePath | Sequence[str]) -> list[str]:
+    """A path, or a list of them (a config's list node included), as a list of strings."""
+    return [str(paths)] if isinstance(paths, str | PurePath) else [str(path) for path in paths]
 
 
 def _names(entries: list[dict[str, Any]]) -> list[str]:

@@ -8,8 +8,10 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from src.models.language.qwen.grouped_mm import traceable_grouped_mm
 from src.models.language.qwen.moe import (
     Experts,
     Router,
@@ -297,3 +299,38 @@ def test_a_block_that_has_run_with_gradients_deep_copies_without_its_routing():
     assert twin.last_routing is None
     assert block.last_routing is not None
     assert torch.equal(twin.experts.gate_up_proj, block.experts.gate_up_proj)
+
+
+def test_the_traceable_grouped_mm_computes_what_torch_computes():
+    # Three groups, the middle one empty: rows 0-4 to expert 0, 5-8 to expert 2.
+    offs = torch.tensor([5, 5, 9], dtype=torch.int32)
+    rows = torch.randn(9, 16, requires_grad=True)
+    weight = torch.randn(3, 16, 24, requires_grad=True)
+    grad = torch.randn(9, 24)
+    results = []
+    for op in (traceable_grouped_mm, lambda a, b, o: F.grouped_mm(a, b, offs=o)):
+        out = op(rows, weight, offs)
+        rows_grad, weight_grad = torch.autograd.grad(out, (rows, weight), grad)
+        results.append((out, rows_grad, weight_grad))
+    for ours, torchs in zip(*results, strict=True):
+        torch.testing.assert_close(ours, torchs, rtol=0, atol=0)
+    assert results[0][2][1].abs().sum() == 0  # the empty group's weight gets no gradient
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_block_compiles_in_the_dtypes_torchs_fake_kernel_refuses(dtype):
+    # aot_eager traces with fake tensors and AOT autograd, where torch's own fake kernel of
+    # grouped_mm refuses float32 (and float16 without cuBLASLt), then runs the graphs eagerly.
+    torch.manual_seed(0)
+    block = SparseMoeBlock(HIDDEN, INTERMEDIATE, EXPERTS, TOP_K, True, SHARED).to(dtype)
+    compiled = torch.compile(copy.deepcopy(block), backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 6, HIDDEN, dtype=dtype)
+    outputs, grads = [], []
+    for model in (block, compiled):
+        out = model(x)
+        out.float().square().sum().backward()
+        outputs.append(out)
+        grads.append([p.grad for p in model.parameters()])
+    torch.testing.assert_close(outputs[1], outputs[0])
+    for compiled_grad, eager_grad in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(compiled_grad, eager_grad)

@@ -32,6 +32,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from src.models.language.qwen.grouped_mm import grouped_mm
 from src.models.language.qwen.moe import Experts, compute_dtype, count_tokens
 
 EXPERT_MESH_DIMS = ("expert_data_parallel", "expert_parallel", "tensor_parallel")
@@ -130,8 +131,8 @@ class ExpertParallelExperts(nn.Module):
         gate_up_proj, down_proj = (
             self._gathered(w, dtype) for w in (self.gate_up_proj, self.down_proj)
         )
-        gate, up = F.grouped_mm(rows[order], gate_up_proj.transpose(1, 2), offs=offs).chunk(2, -1)
-        out = F.grouped_mm(F.silu(gate) * up, down_proj.transpose(1, 2), offs=offs)
+        gate, up = grouped_mm(rows[order], gate_up_proj.transpose(1, 2), offs).chunk(2, -1)
+        out = grouped_mm(F.silu(gate) * up, down_proj.transpose(1, 2), offs)
         # index_copy, not out[inverse]: its backward hands grouped_mm a dense gradient.
         return torch.zeros_like(out).index_copy(0, order, out)
 

@@ -6,7 +6,8 @@ expert), then `load_balancing_loss` and `expert_load`. Parameter names are trans
 in-memory ones (`gate.weight`, `experts.gate_up_proj`, `experts.down_proj`, `shared_expert.*`,
 `shared_expert_gate.weight`), so state dicts map one to one.
 
-The experts run as two `torch.nn.functional.grouped_mm` calls over all (token, choice) pairs
+The experts run as two `torch.nn.functional.grouped_mm` calls (through `grouped_mm.py`, which
+lets torch.compile trace them in float32) over all (token, choice) pairs
 sorted by expert: one kernel for all experts instead of a Python loop over them, with the group
 sizes kept on the device, so nothing waits for the host (no `.item()`, `nonzero()` or boolean
 indexing) and the GPU never idles between experts.
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from src.models.language.qwen.grouped_mm import grouped_mm
 from src.models.language.qwen.layers import MLP
 
 # What grouped_mm has kernels for; fp64 has none.
@@ -128,10 +130,10 @@ class Experts(nn.Module):
         rows = x.to(dtype)[order // top_k]  # pair p belongs to token p // k
 
         # Each expert's SwiGLU on its group of rows; the weights go in as [E, in, out] views.
-        gate_up = F.grouped_mm(rows, self.gate_up_proj.to(dtype).transpose(1, 2), offs=offs)
+        gate_up = grouped_mm(rows, self.gate_up_proj.to(dtype).transpose(1, 2), offs)
         gate, up = gate_up.chunk(2, dim=-1)
         hidden = F.silu(gate) * up
-        out = F.grouped_mm(hidden, self.down_proj.to(dtype).transpose(1, 2), offs=offs)
+        out = grouped_mm(hidden, self.down_proj.to(dtype).transpose(1, 2), offs)
         out = out * weights.flatten()[order, None].to(dtype)
 
         # Back to pair order, then sum each token's k rows: deterministic on every device,

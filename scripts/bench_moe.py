@@ -6,6 +6,7 @@ against the number of experts.
     python scripts/bench_moe.py --output moe.md       # also write the Markdown section
     python scripts/bench_moe.py --scaling-experts     # (none given) the comparison alone
     python scripts/bench_moe.py --profile             # each contender's costliest ops, one step
+    python scripts/bench_moe.py --compile             # also both models under torch.compile
 
 Comparison: one Qwen3-MoE config (every layer sparse, no shared expert, norm_topk_prob) built
 three ways with the same weights: QwenLM (its experts two `F.grouped_mm` calls per layer),
@@ -17,7 +18,9 @@ QwenLM loads its state dict. The loss is the next-token cross-entropy plus
 to 1e-4). A timed step is forward + backward + AdamW step. The first step of each is reported
 apart (cold start, after one untimed toy step of every contender has paid the process's
 one-off costs), two more are warm-up, then the contenders take turns, `--repeats` rounds
-of `--steps` steps, the order rotated every round; the tables show medians.
+of `--steps` steps, the order rotated every round; the tables show medians. `--compile` adds
+QwenLM and transformers' grouped_mm model under `torch.compile` (inductor) to the same rounds,
+copies of the same weights; their first step is the compilation.
 
 Scaling: the same model with `--scaling-experts` experts and the same top-k and expert size,
 so the same active parameters per token. Their step times are interleaved in one process, split
@@ -33,6 +36,7 @@ elsewhere it would be emulated and only fp32 runs, unless `--precisions` asks fo
 """
 
 import argparse
+import copy
 import gc
 import json
 import os
@@ -56,6 +60,8 @@ from src.utils.hardware import cpu_bf16_units, read_cpu_flags
 PRECISIONS = ("fp32", "bf16-mixed")
 # The contenders of the comparison: QwenLM, then transformers with each experts implementation.
 CONTENDERS = ("ours", "transformers grouped_mm", "transformers eager")
+# With --compile, also these two under torch.compile.
+COMPILED = ("ours compiled", "transformers grouped_mm compiled")
 # The implementations of the scaling study, and the experts implementation of each.
 IMPLEMENTATIONS = {"ours": "", "transformers": "grouped_mm"}
 LOSS_TOLERANCE = 1e-4  # first-step losses, fp32, absolute
@@ -64,6 +70,11 @@ COLUMNS = (
     "precision", "ours tok/s", "transformers grouped_mm tok/s", "transformers eager tok/s",
     "speedup vs grouped_mm", "speedup vs eager", "cold start ours / grouped_mm / eager",
     "first-step Δ loss vs grouped_mm / eager", "numerics",
+)  # fmt: skip
+COMPILED_COLUMNS = (
+    "precision", "ours compiled tok/s", "transformers grouped_mm compiled tok/s",
+    "speedup compiled vs compiled", "ours compiled vs eager", "compilation ours / transformers",
+    "first-step Δ loss vs ours eager / transformers compiled",
 )  # fmt: skip
 SCALING_COLUMNS = (
     "precision", "implementation", "experts", "expert params", "step", "forward + backward",
@@ -115,6 +126,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--output", type=Path, help="write the Markdown report there too")
     parser.add_argument("--profile", action="store_true", help="print each one's costliest ops")
+    parser.add_argument(
+        "--compile", action="store_true", help="also ours and transformers' under torch.compile"
+    )
     args = parser.parse_args(argv)
     if args.quick:  # toy sizes for what the command line leaves at its default
         for key, value in QUICK.items():
@@ -251,6 +265,16 @@ def interleaved(runners: dict[str, Runner], args) -> dict[str, dict[str, float]]
     return results
 
 
+def matmul_peak(size: int) -> float:
+    """This CPU's fp32 matmul rate on large square matrices, GFLOP/s: the matmuls' ceiling."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    start = time.perf_counter()
+    for _ in range(3):
+        a @ b
+    return 3 * 2 * size**3 / (time.perf_counter() - start) / 1e9
+
+
 def batch_of(vocab_size: int, args) -> torch.Tensor:
     generator = torch.Generator().manual_seed(0)
     return torch.randint(0, vocab_size, (args.batch_size, args.seq_len), generator=generator)
@@ -279,6 +303,10 @@ def comparison(precision: str, args) -> dict[str, str]:
         "transformers grouped_mm": Runner(grouped, ids, bf16, calls_transformers=True),
         "transformers eager": Runner(eager, ids, bf16, calls_transformers=True),
     }
+    if args.compile:  # copies taken before any step: the same weights
+        for name, model in zip(COMPILED, (ours, grouped), strict=True):
+            compiled = torch.compile(copy.deepcopy(model))
+            runners[name] = Runner(compiled, ids, bf16, calls_transformers=model is grouped)
     results = interleaved(runners, args)
     if args.profile:
         for name, runner in runners.items():
@@ -289,7 +317,7 @@ def comparison(precision: str, args) -> dict[str, str]:
     deltas = [abs(losses["ours"] - losses[name]) for name in CONTENDERS[1:]]
     agree = max(deltas) < LOSS_TOLERANCE
     checked = precision == "fp32"
-    return {
+    row = {
         "precision": precision,
         "ours tok/s": f"{rate['ours']:,.0f}",
         "transformers grouped_mm tok/s": f"{rate['transformers grouped_mm']:,.0f}",
@@ -303,6 +331,24 @@ def comparison(precision: str, args) -> dict[str, str]:
         "numerics": (f"ok (< {LOSS_TOLERANCE:.0e})" if agree else "FAILED") if checked else "-",
         "first-step loss": f"{losses['ours']:.6f}",
     }
+    if args.compile:
+        ours_compiled, theirs_compiled = (rate[name] for name in COMPILED)
+        compiled_deltas = [
+            abs(losses["ours compiled"] - losses[name]) for name in ("ours", COMPILED[1])
+        ]
+        row |= {
+            "ours compiled tok/s": f"{ours_compiled:,.0f}",
+            "transformers grouped_mm compiled tok/s": f"{theirs_compiled:,.0f}",
+            "speedup compiled vs compiled": f"{ours_compiled / theirs_compiled:.2f}x",
+            "ours compiled vs eager": f"{ours_compiled / rate['ours']:.2f}x",
+            "compilation ours / transformers": " / ".join(
+                f"{results[name]['cold']:.1f} s" for name in COMPILED
+            ),
+            "first-step Δ loss vs ours eager / transformers compiled": " / ".join(
+                f"{d:.1e}" for d in compiled_deltas
+            ),
+        }
+    return row
 
 
 def build(implementation: str, config: QwenConfig):
@@ -468,6 +514,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, str]]]:
         if not args.no_memory:
             add_peak_memory(scaling_rows, args)
     units = bf16_units()
+    peak_size = 256 if args.quick else 2048
     command = "python scripts/bench_moe.py " + " ".join(argv if argv is not None else sys.argv[1:])
     lines = [
         machine_line(transformers=transformers.__version__),
@@ -483,6 +530,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, str]]]:
         f"{AUX_LOSS_COEF} x load-balancing loss; AdamW; a step is forward + backward + AdamW",
         f"Timing: first step apart (cold start), 2 warm-up steps, then {args.repeats} rounds of "
         f"{args.steps} steps, the contenders in turn (order rotated every round); medians",
+        f"fp32 matmul peak of this CPU ({peak_size}² torch.mm): "
+        f"{matmul_peak(peak_size):,.0f} GFLOP/s",
         "",
         f"Training step, {config.num_experts} experts, ours vs transformers' Qwen3MoeForCausalLM "
         "(first-step loss of ours: "
@@ -491,6 +540,13 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, str]]]:
         "",
         markdown(rows, COLUMNS),
     ]
+    if args.compile:
+        lines += [
+            "",
+            "The same rounds, under torch.compile (inductor); compilation is the first step:",
+            "",
+            markdown(rows, COMPILED_COLUMNS),
+        ]
     if scaling_rows:
         memory = (
             "not measured"

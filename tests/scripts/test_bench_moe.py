@@ -16,6 +16,11 @@ SCALING_HEADER = (
     "| precision | implementation | experts | expert params | step | forward + backward | AdamW "
     "| step vs fewest experts | peak memory growth | experts' weights, grads, AdamW | the rest |"
 )
+COMPILED_HEADER = (
+    "| precision | ours compiled tok/s | transformers grouped_mm compiled tok/s "
+    "| speedup compiled vs compiled | ours compiled vs eager | compilation ours / transformers "
+    "| first-step Δ loss vs ours eager / transformers compiled |"
+)
 MIB = r"-?[\d,]+ MiB"
 QUICK_EXPERTS = (4, 16)  # --quick's --scaling-experts
 
@@ -49,6 +54,8 @@ def test_quick_moe_benchmark_compares_the_same_weights_and_scales_the_experts(tm
     assert report.startswith("Machine: ")
     assert re.search(r"^bf16 units: ", report, re.MULTILINE)
     assert "`python scripts/bench_moe.py --quick --precisions fp32 --no-memory" in report
+    assert re.search(r"^fp32 matmul peak of this CPU \(256² torch.mm\): [\d,]+ GFLOP/s$", report,
+                     re.MULTILINE)  # fmt: skip
     lines = report.splitlines()
     assert HEADER in lines
     assert SCALING_HEADER in lines
@@ -66,6 +73,19 @@ def test_peak_memory_grows_with_the_stored_experts():
     # 60 more experts of 3 x 64 x 32 in 2 layers, 16 bytes each: 11.25 MiB more at least.
     for name in ("ours", "transformers grouped_mm"):
         assert growth[name, "64"] - growth[name, "4"] >= 10, growth
+
+
+@pytest.mark.slow  # inductor compiles both models: about 20 s
+def test_compiled_models_train_the_same_first_step(tmp_path):
+    output = tmp_path / "bench.md"
+    argv = ["--quick", "--precisions", "fp32", "--scaling-experts", "--compile"]
+    (row,) = bench_main([*argv, "--output", str(output)])["comparison"]
+    deltas = row["first-step Δ loss vs ours eager / transformers compiled"].split(" / ")
+    assert max(float(d) for d in deltas) < 1e-4, row
+    for column in ("ours compiled tok/s", "transformers grouped_mm compiled tok/s"):
+        assert re.fullmatch(r"[\d,]+", row[column]), row
+    assert re.fullmatch(r"[\d.]+ s / [\d.]+ s", row["compilation ours / transformers"]), row
+    assert COMPILED_HEADER in output.read_text().splitlines()
 
 
 def test_a_top_k_above_an_expert_count_is_refused(capsys):

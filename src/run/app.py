@@ -21,7 +21,11 @@ from omegaconf import DictConfig
 
 from src.run import console
 from src.run.config.checks import check_accelerator, check_required_values
-from src.run.config.composition_errors import composition_error, hydra_raises
+from src.run.config.composition_errors import (
+    composition_error,
+    hydra_raises,
+    null_group_error,
+)
 from src.run.launch import register_launch_resolvers
 from src.run.run_lock import pinned_run_dir, run_dir_lock
 from src.utils.error_boundary import end_job_in_one_line, exit_in_one_line
@@ -72,6 +76,10 @@ def hydra_app(config_name: str) -> Callable[[Callable[[DictConfig], Any]], Calla
                 except HydraException as error:  # composing: a job's own ends in the job
                     args = sys.argv[1:]
                     raise composition_error(error, root / "conf", config_name, args) from error
+                except ValueError as error:
+                    if refusal := null_group_error(error, root / "conf", sys.argv[1:]):
+                        raise refusal from error
+                    raise
 
         return main
 

@@ -83,6 +83,18 @@ CASES = {
         None,
         ["data.batch_size=[ is not an override Hydra can read", "quote the value"],
     ),
+    "a config group set to null": (
+        "train.py",
+        ["experiment=lm_grpo", "reward=null"],
+        None,
+        ["reward=null: reward is a config group; choose one of its options: exact_match, "],
+    ),
+    "a chosen config group set to null": (
+        "train.py",
+        ["logger=null"],
+        None,
+        ["logger=null: logger is a config group", "tensorboard, wandb (logger=none leaves it out)"],
+    ),
     "a list that could be a sweep": (
         "train.py",
         ["model=cnn,simplenet"],

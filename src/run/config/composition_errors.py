@@ -4,7 +4,8 @@ Hydra prints its composition errors over several lines (the options of a group, 
 link, OmegaConf's `full_key` and `object_type`) and then exits. `hydra_raises` lets them reach
 the entry point's error boundary instead, and `composition_error` rewrites each as a
 ConfigError: an option a group lacks lists the group's options and the closest one; a key the
-config lacks names the close key, or how to add one.
+config lacks names the close key, or how to add one. `group=null`, which Hydra refuses with a
+bare ValueError, gets the group's options (`null_group_error`).
 """
 
 import difflib
@@ -66,6 +67,30 @@ def composition_error(
             "https://hydra.cc/docs/advanced/override_grammar/basic/"
         )
     return ConfigError("; ".join(lines) or type(error).__name__)
+
+
+# What Hydra raises, as a bare ValueError, for `group=null`.
+NULL_GROUP = "Config group override must be a string or a list"
+
+
+def null_group_error(error: ValueError, conf_dir: Path, args: Sequence[str]) -> ConfigError | None:
+    """`reward=null` for a config group: its options instead. None for other errors."""
+    if not str(error).startswith(NULL_GROUP):
+        return None
+    groups = [
+        key
+        for key, _, value in (arg.lstrip("+").partition("=") for arg in args)
+        if value == "null" and (conf_dir / key).is_dir()
+    ]
+    if not groups:
+        return None
+    group = groups[0]
+    options = sorted(path.stem for path in (conf_dir / group).glob("*.yaml"))
+    message = f"{group}=null: {group} is a config group; choose one of its options: "
+    message += ", ".join(options)
+    if "none" in options:
+        message += f" ({group}=none leaves it out)"
+    return ConfigError(message)
 
 
 def missing_option(missing: str, options: list[str]) -> str:

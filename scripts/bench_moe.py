@@ -19,8 +19,8 @@ to 1e-4). A timed step is forward + backward + AdamW step. The first step of eac
 apart (cold start, after one untimed toy step of every contender has paid the process's
 one-off costs), two more are warm-up, then the contenders take turns, `--repeats` rounds
 of `--steps` steps, the order rotated every round; the tables show medians. `--compile` adds
-QwenLM and transformers' grouped_mm model under `torch.compile` (inductor) to the same rounds,
-copies of the same weights; their first step is the compilation.
+QwenLM and transformers' grouped_mm model under `torch.compile` (inductor, or the backend it
+names) to the same rounds, copies of the same weights; their first step is the compilation.
 
 Scaling: the same model with `--scaling-experts` experts and the same top-k and expert size,
 so the same active parameters per token. Their step times are interleaved in one process, split
@@ -127,7 +127,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, help="write the Markdown report there too")
     parser.add_argument("--profile", action="store_true", help="print each one's costliest ops")
     parser.add_argument(
-        "--compile", action="store_true", help="also ours and transformers' under torch.compile"
+        "--compile",
+        nargs="?",
+        const="inductor",
+        metavar="BACKEND",
+        help="also ours and transformers' under torch.compile, with BACKEND (default inductor)",
     )
     args = parser.parse_args(argv)
     if args.quick:  # toy sizes for what the command line leaves at its default
@@ -305,7 +309,7 @@ def comparison(precision: str, args) -> dict[str, str]:
     }
     if args.compile:  # copies taken before any step: the same weights
         for name, model in zip(COMPILED, (ours, grouped), strict=True):
-            compiled = torch.compile(copy.deepcopy(model))
+            compiled = torch.compile(copy.deepcopy(model), backend=args.compile)
             runners[name] = Runner(compiled, ids, bf16, calls_transformers=model is grouped)
     results = interleaved(runners, args)
     if args.profile:
@@ -543,7 +547,8 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, str]]]:
     if args.compile:
         lines += [
             "",
-            "The same rounds, under torch.compile (inductor); compilation is the first step:",
+            f"The same rounds, under torch.compile ({args.compile}); compilation is the first "
+            "step:",
             "",
             markdown(rows, COMPILED_COLUMNS),
         ]

@@ -311,6 +311,10 @@ def test_sft_mixes_conversation_sources_and_names_a_bad_row_by_its_source(tmp_pa
     module.setup()
     answers = [answer for _, answer in module.exact_match_examples("val")]
     assert {answer.split()[0] for answer in answers} == {"chat", "sum"}
+    module.exact_match_samples = 4  # the first few prompts take turns between the sources
+    assert [answer.split()[0] for _, answer in module.exact_match_examples("val")] == [
+        "chat", "sum", "chat", "sum"
+    ]  # fmt: skip
     assert len(module.val_dataloader()) == 2
     write_chats(maths, "sum", 30, broken_row=4)
     broken = SFTDataModule(mixture=mixture, max_seq_len=64)

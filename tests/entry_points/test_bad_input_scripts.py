@@ -95,6 +95,12 @@ CASES = {
         None,
         ["logger=null: logger is a config group", "tensorboard, wandb (logger=none leaves it out)"],
     ),
+    "a learning-rate monitor without a logger": (
+        "train.py",
+        ["~logger"],
+        None,
+        ["callbacks.lr_monitor writes the learning rate to a logger, and this run has none"],
+    ),
     "a list that could be a sweep": (
         "train.py",
         ["model=cnn,simplenet"],

@@ -36,6 +36,7 @@ def check_config_types(cfg: DictConfig, path: str = "") -> None:
         check_optimizer_values(cfg)
         check_positive_counts(cfg)
         check_adapter_model(cfg)
+        check_lr_monitor_has_a_logger(cfg)
     _check_target_nodes(cfg, path)
 
 
@@ -180,6 +181,19 @@ def check_adapter_model(cfg: DictConfig) -> None:
             f"adapter=lora trains adapters on a language model, "
             f"but the model is {target}, which takes none. Choose a Qwen LM (e.g. "
             f"experiment=lm_sft model.pretrained=<folder> adapter=lora) or drop adapter=lora."
+        )
+
+
+def check_lr_monitor_has_a_logger(cfg: DictConfig) -> None:
+    """Refuse the learning-rate monitor without a logger (`~logger`) before the run starts.
+
+    Lightning refuses it too, but only once the trainer is built.
+    """
+    callbacks = cfg.get("callbacks")
+    if isinstance(callbacks, DictConfig) and callbacks.get("lr_monitor") and not cfg.get("logger"):
+        raise ConfigError(
+            "callbacks.lr_monitor writes the learning rate to a logger, and this run has none: "
+            "choose logger=none (no logger and no monitor) or a logger (e.g. logger=csv)"
         )
 
 

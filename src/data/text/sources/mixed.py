@@ -102,8 +102,12 @@ class MixedSource:
         return parts
 
     def split_documents(self, counts: Sequence[int]) -> dict[str, np.ndarray]:
+        """Each split's documents, the sources taking turns, each source's in its own order.
+
+        So the first few of a split (SFT's exact-match prompts) come from every source.
+        """
         parts = self.part_splits(counts)
-        return {split: np.concatenate([part[split] for part in parts]) for split in parts[0]}
+        return {split: taking_turns([part[split] for part in parts]) for split in parts[0]}
 
     def setup(self, store: TokenStore) -> None:
         built = [self.module.store_splits(store, s) for s in self.part_splits(store.part_documents)]
@@ -193,3 +197,9 @@ class MixedSource:
         check_same_mixture(state, self.sources)
         if self.streaming:
             check_stream_workers(self.module, state)
+
+
+def taking_turns(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """The arrays' items interleaved, first items first: [a0, b0, a1, b1, a2, ...]."""
+    turn = np.concatenate([np.arange(len(array)) for array in arrays])
+    return np.concatenate(arrays)[np.argsort(turn, kind="stable")]

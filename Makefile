@@ -51,8 +51,8 @@ train: $(STAMP) ## Train the default model on the embedded dataset (ARGS="model=
 	$(PY) train.py $(ARGS)
 
 # The suites run in two processes (pytest-xdist), each module's tests in one of them, so that a
-# module-scoped fixture (a trained run) is built once. The slowest tests are listed, to keep the
-# cost in sight.
+# module-scoped fixture (a trained run) is built once; the longest modules start first
+# (tests/conftest.py). The slowest tests are listed, to keep the cost in sight.
 SUITE_OPTIONS := -n 2 --dist loadfile --durations=15
 
 test: $(STAMP) ## Run the fast test suite (under 5 minutes on 2 cores)

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from benchmarks import in_fresh_process, machine_line, markdown, publish
 
+from src.callbacks.measurement.peak_flops import measure_matmul_flops
 from src.models.language.qwen import QwenConfig, QwenLM
 from src.models.language.qwen.transformers_format.state_dict_adapter import adapter_for
 from src.utils.contracts import IGNORE_INDEX
@@ -267,16 +268,6 @@ def interleaved(runners: dict[str, Runner], args) -> dict[str, dict[str, float]]
             "optimizer": statistics.median(o for _, o in times) / args.steps,
         }
     return results
-
-
-def matmul_peak(size: int) -> float:
-    """This CPU's fp32 matmul rate on large square matrices, GFLOP/s: the matmuls' ceiling."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b  # warm-up
-    start = time.perf_counter()
-    for _ in range(3):
-        a @ b
-    return 3 * 2 * size**3 / (time.perf_counter() - start) / 1e9
 
 
 def batch_of(vocab_size: int, args) -> torch.Tensor:
@@ -535,7 +526,7 @@ def main(argv: list[str] | None = None) -> dict[str, list[dict[str, str]]]:
         f"Timing: first step apart (cold start), 2 warm-up steps, then {args.repeats} rounds of "
         f"{args.steps} steps, the contenders in turn (order rotated every round); medians",
         f"fp32 matmul peak of this CPU ({peak_size}² torch.mm): "
-        f"{matmul_peak(peak_size):,.0f} GFLOP/s",
+        f"{measure_matmul_flops(torch.float32, peak_size) / 1e9:,.0f} GFLOP/s",
         "",
         f"Training step, {config.num_experts} experts, ours vs transformers' Qwen3MoeForCausalLM "
         "(first-step loss of ours: "

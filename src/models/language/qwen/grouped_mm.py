@@ -41,7 +41,7 @@ def _backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
     """The rows' gradient is grad @ b_g^T per group, the weights' a_g^T @ grad_g per group."""
     a, b, offs = ctx.saved_tensors
     if b.dim() != 3:
-        raise NotImplementedError("the weights' gradient of grouped_mm has no gradient itself")
+        raise RuntimeError("grouped_mm's weight gradient cannot be differentiated again")
     grad = grad.contiguous()
     grad_a = grad_b = None
     if ctx.needs_input_grad[0]:
